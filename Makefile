@@ -1,0 +1,70 @@
+# recal — build, set-up, tests, training and benchmarks.
+#
+# LIBTORCH selects the libtorch to build against; it is read here and only
+# here. Empty (the default) means Debian's libtorch-dev (1.13, CPU), which
+# `make deps` installs. Otherwise it is a folder with include/ and lib/: an
+# official libtorch archive (CUDA builds included) or the torch/ folder of a
+# pip install. CUDA builds are detected by lib/libtorch_cuda.so.
+# TORCH_CXX11_ABI=0 is needed only for libtorch builds made with the old C++
+# ABI (pre-cxx11 archives, pip wheels before torch 2.7).
+LIBTORCH ?=
+TORCH_CXX11_ABI ?= 1
+GO ?= go
+PYTHON ?= /usr/bin/python3
+CXX ?= g++
+
+ifeq ($(strip $(LIBTORCH)),)
+TORCH_INC := -I/usr/include -I/usr/include/torch/csrc/api/include
+TORCH_LDFLAGS :=
+else
+TORCH_INC := -I$(LIBTORCH)/include -I$(LIBTORCH)/include/torch/csrc/api/include
+TORCH_LDFLAGS := -L$(LIBTORCH)/lib -Wl,-rpath,$(LIBTORCH)/lib
+ifneq ($(wildcard $(LIBTORCH)/lib/libtorch_cuda.so),)
+# Without --no-as-needed the linker drops libtorch_cuda (nothing references it
+# directly) and its CUDA kernels never register.
+TORCH_LDFLAGS += -Wl,--no-as-needed -ltorch_cuda -lc10_cuda -Wl,--as-needed
+endif
+endif
+
+CXXFLAGS_BRIDGE := -std=c++17 -O2 -fPIC -Wall -Wno-unused-variable -D_GLIBCXX_USE_CXX11_ABI=$(TORCH_CXX11_ABI) $(TORCH_INC)
+LIB := build/librecal.a
+# cgo cannot see when build/librecal.a changes, so its hash goes into the C
+# flags of torchbridge: a new library rebuilds the (small) cgo package and
+# relinks, never leaving a stale binary or test.
+GOENV = CGO_CFLAGS="-O2 -DRECAL_LIB=$$(sha1sum $(LIB) | cut -c1-16)" CGO_LDFLAGS="$(TORCH_LDFLAGS)"
+
+# Pure-Go packages: they build and test without cgo or libtorch.
+PURE_PKGS := ./internal/... ./tokenizer/... ./data/... ./llmpool/... ./router/... ./calibration/...
+
+.PHONY: all build deps test test-pure bench train clean fixtures
+
+all: build
+
+# deps installs what is missing, idempotently.
+deps:
+	@./scripts/deps.sh
+
+$(LIB): cgo/recal.cc cgo/recal.h
+	@mkdir -p build
+	$(CXX) $(CXXFLAGS_BRIDGE) -c cgo/recal.cc -o build/recal.o
+	ar rcs $@ build/recal.o
+
+build: deps $(LIB)
+	$(GOENV) $(GO) build -o bin/recal ./cmd/recal
+
+test: deps $(LIB)
+	CGO_ENABLED=0 $(GO) vet $(PURE_PKGS)
+	$(GOENV) $(GO) vet ./...
+	$(GOENV) $(GO) test -count=1 ./...
+
+bench: deps $(LIB)
+	$(GOENV) $(GO) run ./bench -python $(PYTHON)
+
+train: build
+	./bin/recal train --config recal.toml
+
+fixtures:
+	$(PYTHON) torchbridge/testdata/qwen2_ref.py
+
+clean:
+	rm -rf build bin

@@ -1,0 +1,756 @@
+// recal.cc — the libtorch side of recal: a Qwen2-architecture decoder with a
+// KV cache, per-token scoring, the clipped policy-gradient loss with a k3 KL
+// term, and AdamW. Everything Go calls is in the extern "C" block at the end;
+// each entry point catches every C++ exception and reports it through its own
+// err out-parameter (see recal.h).
+
+#include "recal.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+using torch::Tensor;
+namespace F = torch::nn::functional;
+
+// Error raised for bad arguments; it carries a message for Go.
+struct rc_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+[[noreturn]] void fail(const std::string& msg) { throw rc_error(msg); }
+
+torch::ScalarType scalar_type(int32_t dt) {
+  switch (dt) {
+    case RC_F32: return torch::kFloat32;
+    case RC_BF16: return torch::kBFloat16;
+    case RC_F16: return torch::kFloat16;
+  }
+  fail("unsupported dtype code " + std::to_string(dt));
+}
+
+std::string shape_str(torch::IntArrayRef s) {
+  std::ostringstream o;
+  o << "[";
+  for (size_t i = 0; i < s.size(); i++) o << (i ? ", " : "") << s[i];
+  o << "]";
+  return o.str();
+}
+
+// Indices into rc_policy::params for one decoder layer.
+struct Layer {
+  int in_norm, q_w, q_b, k_w, k_b, v_w, v_b, o_w, post_norm, gate, up, down;
+};
+
+}  // namespace
+
+struct rc_policy {
+  rc_config cfg{};
+  torch::Device device{torch::kCPU};
+  torch::ScalarType dtype{torch::kFloat32};
+  std::vector<std::string> names;
+  std::vector<Tensor> params;
+  std::unordered_map<std::string, int> index;
+  std::vector<Layer> layers;
+  int embed = -1, norm = -1, lm_head = -1;  // lm_head == embed when tied
+  Tensor inv_freq;                          // [head_dim/2] float32 on device
+  bool trainable = true;
+
+  // AdamW state, created on the first step.
+  int64_t step = 0;
+  std::vector<Tensor> exp_avg, exp_avg_sq, master;
+  std::vector<std::string> state_names;
+  std::vector<const char*> state_name_ptrs;
+
+  int add(const std::string& name, std::vector<int64_t> shape) {
+    auto opts = torch::TensorOptions().dtype(dtype).device(device);
+    params.push_back(torch::zeros(shape, opts));
+    names.push_back(name);
+    index[name] = static_cast<int>(params.size()) - 1;
+    return static_cast<int>(params.size()) - 1;
+  }
+
+  const Tensor& P(int i) const { return params[i]; }
+
+  Tensor find_tensor(const std::string& name) {
+    auto it = index.find(name);
+    if (it != index.end()) return params[it->second];
+    if (name.rfind("grad/", 0) == 0) {  // read-only view of a parameter's gradient
+      auto g = index.find(name.substr(5));
+      if (g != index.end()) {
+        const auto& t = params[g->second];
+        return t.grad().defined() ? t.grad() : torch::zeros_like(t);
+      }
+    }
+    for (size_t i = 0; i < state_names.size(); i++) {
+      if (state_names[i] != name) continue;
+      size_t n = params.size();
+      if (i < n) return exp_avg[i];
+      if (i < 2 * n) return exp_avg_sq[i - n];
+      return master[i - 2 * n];
+    }
+    fail("no tensor named \"" + name + "\"");
+  }
+};
+
+struct rc_cache {
+  rc_policy* p = nullptr;
+  int64_t rows = 0, capacity = 0;
+  std::vector<Tensor> k, v;   // per layer [rows, capacity, kv_heads, head_dim]
+  std::vector<int64_t> len;   // valid tokens per row
+};
+
+namespace {
+
+Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) {
+  auto xf = x.to(torch::kFloat32);
+  auto var = xf.pow(2).mean(-1, true);
+  xf = xf * torch::rsqrt(var + eps);
+  return w * xf.to(x.scalar_type());
+}
+
+Tensor rotate_half(const Tensor& x) {
+  auto half = x.size(-1) / 2;
+  auto x1 = x.narrow(-1, 0, half);
+  auto x2 = x.narrow(-1, half, half);
+  return torch::cat({-x2, x1}, -1);
+}
+
+// cos and sin for integer positions pos (any shape), shape pos.shape + [head_dim].
+std::pair<Tensor, Tensor> rope(const rc_policy& p, const Tensor& pos) {
+  auto freqs = pos.to(torch::kFloat32).unsqueeze(-1) * p.inv_freq;
+  auto emb = torch::cat({freqs, freqs}, -1);
+  return {emb.cos().to(p.dtype), emb.sin().to(p.dtype)};
+}
+
+// Projects h [n, L, H] to rotated q [n, L, heads, hd] and k, v [n, L, kv, hd].
+void qkv(const rc_policy& p, const Layer& ly, const Tensor& h, const Tensor& cos, const Tensor& sin, Tensor& q,
+         Tensor& k, Tensor& v) {
+  const auto& c = p.cfg;
+  auto n = h.size(0), L = h.size(1);
+  q = torch::linear(h, p.P(ly.q_w), p.P(ly.q_b)).view({n, L, c.num_attention_heads, c.head_dim});
+  k = torch::linear(h, p.P(ly.k_w), p.P(ly.k_b)).view({n, L, c.num_key_value_heads, c.head_dim});
+  v = torch::linear(h, p.P(ly.v_w), p.P(ly.v_b)).view({n, L, c.num_key_value_heads, c.head_dim});
+  auto c4 = cos.unsqueeze(2), s4 = sin.unsqueeze(2);  // [n|1, L, 1, hd]
+  q = q * c4 + rotate_half(q) * s4;
+  k = k * c4 + rotate_half(k) * s4;
+}
+
+// Grouped-query attention. q [n, L, heads, hd]; k, v [n, T, kv, hd];
+// mask additive float32 broadcastable to [n, kv, group, L, T].
+// Returns [n, L, heads*hd].
+Tensor attend(const rc_policy& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask) {
+  const auto& c = p.cfg;
+  auto n = q.size(0), L = q.size(1), T = k.size(1);
+  auto kv = c.num_key_value_heads, g = c.num_attention_heads / kv, hd = c.head_dim;
+  auto qh = q.view({n, L, kv, g, hd}).permute({0, 2, 3, 1, 4});  // [n, kv, g, L, hd]
+  auto kh = k.permute({0, 2, 1, 3}).unsqueeze(2);                 // [n, kv, 1, T, hd]
+  auto vh = v.permute({0, 2, 1, 3}).unsqueeze(2);
+  auto scores = torch::matmul(qh, kh.transpose(-1, -2)).to(torch::kFloat32) * (1.0 / std::sqrt((double)hd));
+  scores = scores + mask;
+  auto probs = torch::softmax(scores, -1).to(p.dtype);
+  auto out = torch::matmul(probs, vh);  // [n, kv, g, L, hd]
+  (void)T;
+  return out.permute({0, 3, 1, 2, 4}).reshape({n, L, kv * g * hd});
+}
+
+Tensor mlp(const rc_policy& p, const Layer& ly, const Tensor& h) {
+  auto a = torch::silu(torch::linear(h, p.P(ly.gate))) * torch::linear(h, p.P(ly.up));
+  return torch::linear(a, p.P(ly.down));
+}
+
+// Full causal forward of right-padded tokens [B, T]; returns the final-norm
+// hidden states [B, T, H]. Padding sits after each row's valid tokens, so the
+// causal mask alone keeps it from influencing valid positions.
+Tensor forward_full(const rc_policy& p, const Tensor& tokens) {
+  auto T = tokens.size(1);
+  auto x = torch::embedding(p.P(p.embed), tokens);
+  auto pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(p.device));
+  auto [cos, sin] = rope(p, pos);
+  cos = cos.unsqueeze(0);
+  sin = sin.unsqueeze(0);
+  auto mask = torch::full({T, T}, -std::numeric_limits<float>::infinity(),
+                          torch::TensorOptions().dtype(torch::kFloat32).device(p.device))
+                  .triu(1);
+  for (const auto& ly : p.layers) {
+    auto h = rms_norm(x, p.P(ly.in_norm), p.cfg.rms_norm_eps);
+    Tensor q, k, v;
+    qkv(p, ly, h, cos, sin, q, k, v);
+    x = x + torch::linear(attend(p, q, k, v, mask), p.P(ly.o_w));
+    x = x + mlp(p, ly, rms_norm(x, p.P(ly.post_norm), p.cfg.rms_norm_eps));
+  }
+  return rms_norm(x, p.P(p.norm), p.cfg.rms_norm_eps);
+}
+
+Tensor device_tensor(const rc_policy& p, const void* data, std::vector<int64_t> shape, torch::ScalarType st) {
+  auto t = torch::from_blob(const_cast<void*>(data), shape, torch::TensorOptions().dtype(st));
+  return t.to(p.device, /*non_blocking=*/false, /*copy=*/true);
+}
+
+// The positions that predict a next token: (b, t) with t < lengths[b]-1 and,
+// when mask is given, mask[b, t] > 0. Returns flat indices into [B*T].
+Tensor scored_positions(const rc_policy& p, int64_t B, int64_t T, const int64_t* lengths, const float* mask) {
+  std::vector<int64_t> idx;
+  for (int64_t b = 0; b < B; b++) {
+    if (lengths[b] < 0 || lengths[b] > T) fail("row " + std::to_string(b) + ": length " + std::to_string(lengths[b]) + " outside [0, " + std::to_string(T) + "]");
+    for (int64_t t = 0; t + 1 < lengths[b]; t++)
+      if (!mask || mask[b * T + t] > 0) idx.push_back(b * T + t);
+  }
+  return torch::tensor(idx, torch::kLong).to(p.device);
+}
+
+void check_tokens(const rc_policy& p, int64_t n, const int32_t* tokens) {
+  for (int64_t i = 0; i < n; i++)
+    if (tokens[i] < 0 || tokens[i] >= p.cfg.vocab_size)
+      fail("token id " + std::to_string(tokens[i]) + " outside the vocabulary [0, " + std::to_string(p.cfg.vocab_size) + ")");
+}
+
+// Log-probabilities of targets and entropies for hidden states h [N, H],
+// computed in chunks of `chunk` rows to bound the [chunk, vocab] logits.
+void head_logp(const rc_policy& p, const Tensor& h, const Tensor& targets, int64_t chunk, Tensor& logp, Tensor& ent) {
+  auto N = h.size(0);
+  std::vector<Tensor> lps, ents;
+  for (int64_t s = 0; s < N; s += chunk) {
+    auto len = std::min(chunk, N - s);
+    auto logits = torch::linear(h.narrow(0, s, len), p.P(p.lm_head)).to(torch::kFloat32);
+    auto lsm = torch::log_softmax(logits, -1);
+    lps.push_back(lsm.gather(1, targets.narrow(0, s, len).unsqueeze(1)).squeeze(1));
+    ents.push_back(-(lsm.exp() * lsm).sum(-1));
+  }
+  if (lps.empty()) {
+    auto z = torch::zeros({0}, torch::TensorOptions().dtype(torch::kFloat32).device(p.device));
+    logp = z;
+    ent = z;
+    return;
+  }
+  logp = torch::cat(lps);
+  ent = torch::cat(ents);
+}
+
+void set_trainable(rc_policy& p, bool on) {
+  p.trainable = on;
+  for (auto& t : p.params) {
+    t.requires_grad_(on);
+    if (!on) t.mutable_grad() = Tensor();
+  }
+  if (!on) {
+    p.exp_avg.clear();
+    p.exp_avg_sq.clear();
+    p.master.clear();
+    p.state_names.clear();
+    p.state_name_ptrs.clear();
+  }
+}
+
+void ensure_optimizer(rc_policy& p) {
+  if (!p.exp_avg.empty()) return;
+  auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(p.device);
+  for (size_t i = 0; i < p.params.size(); i++) {
+    p.exp_avg.push_back(torch::zeros(p.params[i].sizes(), f32));
+    p.exp_avg_sq.push_back(torch::zeros(p.params[i].sizes(), f32));
+  }
+  if (p.dtype != torch::kFloat32)
+    for (auto& t : p.params) p.master.push_back(t.detach().to(torch::kFloat32).clone());
+  p.state_names.clear();
+  for (auto& n : p.names) p.state_names.push_back("exp_avg/" + n);
+  for (auto& n : p.names) p.state_names.push_back("exp_avg_sq/" + n);
+  if (!p.master.empty())
+    for (auto& n : p.names) p.state_names.push_back("master/" + n);
+  p.state_name_ptrs.clear();
+  for (auto& n : p.state_names) p.state_name_ptrs.push_back(n.c_str());
+}
+
+// Runs fn, converting every exception into a status and a malloc'd message.
+template <typename Fn>
+int guarded(char** err, Fn&& fn) {
+  try {
+    fn();
+    return 0;
+  } catch (const c10::Error& e) {
+    if (err) *err = strdup(e.what_without_backtrace());
+    return 1;
+  } catch (const std::exception& e) {
+    if (err) *err = strdup(e.what());
+    return 2;
+  } catch (...) {
+    if (err) *err = strdup("unknown C++ exception");
+    return 3;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+int rc_set_threads(int32_t n, char** err) {
+  return guarded(err, [&] {
+    if (n > 0) torch::set_num_threads(n);
+  });
+}
+
+int rc_cuda_available(int32_t* out, char** err) {
+  return guarded(err, [&] { *out = torch::cuda::is_available() ? 1 : 0; });
+}
+
+int rc_policy_new(const rc_config* cfg, const char* device, int32_t dtype, rc_policy** out, char** err) {
+  return guarded(err, [&] {
+    auto p = std::make_unique<rc_policy>();
+    p->cfg = *cfg;
+    const auto& c = p->cfg;
+    if (c.vocab_size <= 0 || c.hidden_size <= 0 || c.intermediate_size <= 0 || c.num_hidden_layers <= 0 ||
+        c.num_attention_heads <= 0 || c.num_key_value_heads <= 0 || c.head_dim <= 0)
+      fail("config: sizes must be positive");
+    if (c.num_attention_heads % c.num_key_value_heads != 0)
+      fail("config: num_attention_heads must be a multiple of num_key_value_heads");
+    if (c.head_dim % 2 != 0) fail("config: head_dim must be even for rotary embeddings");
+    p->device = torch::Device(std::string(device));
+    if (p->device.is_cuda() && !torch::cuda::is_available())
+      fail("device \"" + std::string(device) + "\": the linked libtorch has no CUDA support or no GPU is visible (see LIBTORCH in the README)");
+    p->dtype = scalar_type(dtype);
+    if (p->dtype == torch::kFloat16) fail("dtype float16 is not supported for the policy; use float32 or bfloat16");
+    torch::NoGradGuard ng;
+    auto H = c.hidden_size, I = c.intermediate_size, qd = c.num_attention_heads * c.head_dim,
+         kd = c.num_key_value_heads * c.head_dim;
+    p->embed = p->add("model.embed_tokens.weight", {c.vocab_size, H});
+    for (int64_t i = 0; i < c.num_hidden_layers; i++) {
+      auto pre = "model.layers." + std::to_string(i) + ".";
+      Layer ly{};
+      ly.in_norm = p->add(pre + "input_layernorm.weight", {H});
+      ly.q_w = p->add(pre + "self_attn.q_proj.weight", {qd, H});
+      ly.q_b = p->add(pre + "self_attn.q_proj.bias", {qd});
+      ly.k_w = p->add(pre + "self_attn.k_proj.weight", {kd, H});
+      ly.k_b = p->add(pre + "self_attn.k_proj.bias", {kd});
+      ly.v_w = p->add(pre + "self_attn.v_proj.weight", {kd, H});
+      ly.v_b = p->add(pre + "self_attn.v_proj.bias", {kd});
+      ly.o_w = p->add(pre + "self_attn.o_proj.weight", {H, qd});
+      ly.post_norm = p->add(pre + "post_attention_layernorm.weight", {H});
+      ly.gate = p->add(pre + "mlp.gate_proj.weight", {I, H});
+      ly.up = p->add(pre + "mlp.up_proj.weight", {I, H});
+      ly.down = p->add(pre + "mlp.down_proj.weight", {H, I});
+      p->layers.push_back(ly);
+    }
+    p->norm = p->add("model.norm.weight", {H});
+    p->lm_head = c.tie_word_embeddings ? p->embed : p->add("lm_head.weight", {c.vocab_size, H});
+    auto ar = torch::arange(0, c.head_dim, 2, torch::TensorOptions().dtype(torch::kFloat64));
+    p->inv_freq = (1.0 / torch::pow(c.rope_theta, ar / (double)c.head_dim)).to(torch::kFloat32).to(p->device);
+    set_trainable(*p, true);
+    *out = p.release();
+  });
+}
+
+void rc_policy_free(rc_policy* p) { delete p; }
+
+int rc_policy_num_params(rc_policy* p, int64_t* out, char** err) {
+  return guarded(err, [&] { *out = (int64_t)p->params.size(); });
+}
+
+int rc_policy_param_info(rc_policy* p, int64_t i, const char** name, int32_t* ndim, int64_t* shape, char** err) {
+  return guarded(err, [&] {
+    if (i < 0 || i >= (int64_t)p->params.size()) fail("parameter index out of range");
+    *name = p->names[i].c_str();
+    auto s = p->params[i].sizes();
+    *ndim = (int32_t)s.size();
+    for (size_t d = 0; d < s.size() && d < 4; d++) shape[d] = s[d];
+  });
+}
+
+int rc_policy_set_param(rc_policy* p, const char* name, int32_t dtype, const void* data, int64_t nbytes, char** err) {
+  return guarded(err, [&] {
+    torch::NoGradGuard ng;
+    auto dst = p->find_tensor(name);
+    auto st = scalar_type(dtype);
+    auto want = dst.numel() * (int64_t)c10::elementSize(st);
+    if (nbytes != want)
+      fail("tensor \"" + std::string(name) + "\": " + std::to_string(nbytes) + " bytes, want " + std::to_string(want) +
+           " for shape " + shape_str(dst.sizes()));
+    auto src = torch::from_blob(const_cast<void*>(data), dst.sizes(), torch::TensorOptions().dtype(st));
+    dst.copy_(src);
+    // Keep the float32 master copy (if any) in step with the parameter.
+    auto it = p->index.find(name);
+    if (it != p->index.end() && !p->master.empty()) p->master[it->second].copy_(src);
+  });
+}
+
+int rc_policy_get_param(rc_policy* p, const char* name, int32_t dtype, void* buf, int64_t nbytes, char** err) {
+  return guarded(err, [&] {
+    torch::NoGradGuard ng;
+    auto src = p->find_tensor(name);
+    auto st = scalar_type(dtype);
+    auto want = src.numel() * (int64_t)c10::elementSize(st);
+    if (nbytes != want)
+      fail("tensor \"" + std::string(name) + "\": buffer of " + std::to_string(nbytes) + " bytes, want " + std::to_string(want));
+    auto t = src.detach().to(torch::kCPU).to(st).contiguous();
+    std::memcpy(buf, t.data_ptr(), (size_t)want);
+  });
+}
+
+int rc_policy_init_random(rc_policy* p, uint64_t seed, double std, char** err) {
+  return guarded(err, [&] {
+    torch::NoGradGuard ng;
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+    for (size_t i = 0; i < p->params.size(); i++) {
+      auto& t = p->params[i];
+      const auto& n = p->names[i];
+      Tensor v;
+      if (n.find("norm.weight") != std::string::npos)
+        v = torch::ones(t.sizes());
+      else if (t.dim() == 1)
+        v = torch::zeros(t.sizes());
+      else
+        v = at::normal(0.0, std, t.sizes(), gen);
+      t.copy_(v);
+      if (!p->master.empty()) p->master[i].copy_(v);
+    }
+  });
+}
+
+int rc_policy_set_trainable(rc_policy* p, int32_t trainable, char** err) {
+  return guarded(err, [&] { set_trainable(*p, trainable != 0); });
+}
+
+int rc_policy_score(rc_policy* p, int64_t batch, int64_t len, const int32_t* tokens, const int64_t* lengths,
+                    float* logp, float* entropy, char** err) {
+  return guarded(err, [&] {
+    torch::NoGradGuard ng;
+    check_tokens(*p, batch * len, tokens);
+    if (logp) std::memset(logp, 0, sizeof(float) * batch * len);
+    if (entropy) std::memset(entropy, 0, sizeof(float) * batch * len);
+    auto tok = device_tensor(*p, tokens, {batch, len}, torch::kInt32).to(torch::kLong);
+    auto idx = scored_positions(*p, batch, len, lengths, nullptr);
+    if (idx.numel() == 0) return;
+    auto h = forward_full(*p, tok).reshape({batch * len, -1}).index_select(0, idx);
+    auto targets = tok.reshape({-1}).roll(-1).index_select(0, idx);
+    Tensor lp, ent;
+    head_logp(*p, h, targets, 1024, lp, ent);
+    auto idx_cpu = idx.to(torch::kCPU);
+    auto ii = idx_cpu.accessor<int64_t, 1>();
+    auto lpc = lp.to(torch::kCPU).contiguous(), entc = ent.to(torch::kCPU).contiguous();
+    auto la = lpc.accessor<float, 1>(), ea = entc.accessor<float, 1>();
+    for (int64_t i = 0; i < idx_cpu.size(0); i++) {
+      if (logp) logp[ii[i]] = la[i];
+      if (entropy) entropy[ii[i]] = ea[i];
+    }
+  });
+}
+
+int rc_policy_backward(rc_policy* p, int64_t batch, int64_t len, const int32_t* tokens, const int64_t* lengths,
+                       const float* mask, const float* adv, const float* old_logp, const float* ref_logp,
+                       const rc_loss_opts* o, rc_loss_stats* stats, char** err) {
+  return guarded(err, [&] {
+    if (!p->trainable) fail("backward on a frozen policy");
+    check_tokens(*p, batch * len, tokens);
+    *stats = rc_loss_stats{};
+    torch::AutoGradMode grad_on(true);
+    auto tok = device_tensor(*p, tokens, {batch, len}, torch::kInt32).to(torch::kLong);
+    auto idx = scored_positions(*p, batch, len, lengths, mask);
+    auto N = idx.numel();
+    if (N == 0) return;
+    auto f32 = torch::kFloat32;
+    auto targets = tok.reshape({-1}).roll(-1).index_select(0, idx);
+    auto w = device_tensor(*p, mask, {batch * len}, f32).index_select(0, idx);
+    auto rows = idx.div(len, "floor");
+    auto a = device_tensor(*p, adv, {batch}, f32).index_select(0, rows);
+    Tensor old = old_logp ? device_tensor(*p, old_logp, {batch * len}, f32).index_select(0, idx) : Tensor();
+    Tensor ref = ref_logp ? device_tensor(*p, ref_logp, {batch * len}, f32).index_select(0, idx) : Tensor();
+
+    // The trunk runs once; the lm_head and loss run in chunks on a detached
+    // copy of the hidden states so that only one chunk of [chunk, vocab]
+    // logits is alive at a time. Their gradient flows back in one call.
+    auto h = forward_full(*p, tok).reshape({batch * len, -1}).index_select(0, idx);
+    auto hd = h.detach().requires_grad_(true);
+    auto chunk = o->head_chunk > 0 ? o->head_chunk : 1024;
+    double loss_sum = 0, clipped = 0, kl_sum = 0, ent_sum = 0, ratio_sum = 0;
+    for (int64_t s = 0; s < N; s += chunk) {
+      auto n = std::min(chunk, N - s);
+      auto logits = torch::linear(hd.narrow(0, s, n), p->P(p->lm_head)).to(f32);
+      auto lsm = torch::log_softmax(logits, -1);
+      auto lp = lsm.gather(1, targets.narrow(0, s, n).unsqueeze(1)).squeeze(1);
+      auto ws = w.narrow(0, s, n);
+      auto as = a.narrow(0, s, n);
+      auto ratio = old.defined() ? torch::exp(lp - old.narrow(0, s, n)) : torch::exp(lp - lp.detach());
+      auto pg1 = ratio * as;
+      auto pg2 = torch::clamp(ratio, 1.0 - o->clip_eps, 1.0 + o->clip_eps) * as;
+      auto per_tok = -torch::min(pg1, pg2);
+      Tensor ent;
+      if (o->entropy_coef != 0) {
+        ent = -(lsm.exp() * lsm).sum(-1);
+        per_tok = per_tok - o->entropy_coef * ent;
+      } else {
+        torch::NoGradGuard ng;
+        ent = -(lsm.exp() * lsm).sum(-1);
+      }
+      Tensor kl;
+      if (ref.defined()) {
+        auto d = ref.narrow(0, s, n) - lp;
+        kl = torch::exp(d) - d - 1;
+        if (o->kl_coef != 0) per_tok = per_tok + o->kl_coef * kl;
+      }
+      auto loss = (per_tok * ws).sum() * o->scale;
+      loss.backward();
+      torch::NoGradGuard ng;
+      loss_sum += loss.item<double>();
+      clipped += ((pg2 < pg1).to(f32) * ws).sum().item<double>();
+      ent_sum += (ent.detach() * ws).sum().item<double>();
+      ratio_sum += (ratio.detach() * ws).sum().item<double>();
+      if (kl.defined()) kl_sum += (kl.detach() * ws).sum().item<double>();
+    }
+    torch::autograd::backward({h}, {hd.grad()});
+    stats->loss = loss_sum;
+    stats->tokens = w.sum().item<double>();
+    stats->clipped = clipped;
+    stats->kl = kl_sum;
+    stats->entropy = ent_sum;
+    stats->ratio = ratio_sum;
+  });
+}
+
+int rc_policy_backward_nll(rc_policy* p, int64_t batch, int64_t len, const int32_t* tokens, const int64_t* lengths,
+                           const float* mask, double scale, int64_t head_chunk, double* nll, char** err) {
+  return guarded(err, [&] {
+    if (!p->trainable) fail("backward on a frozen policy");
+    check_tokens(*p, batch * len, tokens);
+    *nll = 0;
+    torch::AutoGradMode grad_on(true);
+    auto tok = device_tensor(*p, tokens, {batch, len}, torch::kInt32).to(torch::kLong);
+    auto idx = scored_positions(*p, batch, len, lengths, mask);
+    auto N = idx.numel();
+    if (N == 0) return;
+    auto targets = tok.reshape({-1}).roll(-1).index_select(0, idx);
+    auto w = device_tensor(*p, mask, {batch * len}, torch::kFloat32).index_select(0, idx);
+    auto h = forward_full(*p, tok).reshape({batch * len, -1}).index_select(0, idx);
+    auto hd = h.detach().requires_grad_(true);
+    auto chunk = head_chunk > 0 ? head_chunk : 1024;
+    double sum = 0;
+    for (int64_t s = 0; s < N; s += chunk) {
+      auto n = std::min(chunk, N - s);
+      auto logits = torch::linear(hd.narrow(0, s, n), p->P(p->lm_head)).to(torch::kFloat32);
+      auto lp = torch::log_softmax(logits, -1).gather(1, targets.narrow(0, s, n).unsqueeze(1)).squeeze(1);
+      auto tok_nll = -(lp * w.narrow(0, s, n)).sum();
+      (tok_nll * scale).backward();
+      sum += tok_nll.item<double>();
+    }
+    torch::autograd::backward({h}, {hd.grad()});
+    *nll = sum;
+  });
+}
+
+int rc_policy_step(rc_policy* p, const rc_adamw_opts* o, double* grad_norm, char** err) {
+  return guarded(err, [&] {
+    if (!p->trainable) fail("step on a frozen policy");
+    torch::NoGradGuard ng;
+    ensure_optimizer(*p);
+    std::vector<Tensor> grads;
+    for (auto& t : p->params) grads.push_back(t.grad().defined() ? t.grad().to(torch::kFloat32) : Tensor());
+    auto total = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(p->device));
+    for (auto& g : grads)
+      if (g.defined()) total = total + g.pow(2).sum();
+    double norm = std::sqrt(total.item<double>());
+    *grad_norm = norm;
+    if (!std::isfinite(norm)) {  // skip the update; keep the state clean
+      for (auto& t : p->params) t.mutable_grad() = Tensor();
+      return;
+    }
+    double coef = 1.0;
+    if (o->max_grad_norm > 0 && norm > o->max_grad_norm) coef = o->max_grad_norm / (norm + 1e-6);
+    p->step++;
+    double bc1 = 1.0 - std::pow(o->beta1, (double)p->step), bc2 = 1.0 - std::pow(o->beta2, (double)p->step);
+    for (size_t i = 0; i < p->params.size(); i++) {
+      if (!grads[i].defined()) continue;
+      auto g = coef != 1.0 ? grads[i] * coef : grads[i];
+      auto w = p->master.empty() ? p->params[i] : p->master[i];
+      w.mul_(1.0 - o->lr * o->weight_decay);
+      p->exp_avg[i].mul_(o->beta1).add_(g, 1.0 - o->beta1);
+      p->exp_avg_sq[i].mul_(o->beta2).addcmul_(g, g, 1.0 - o->beta2);
+      auto denom = (p->exp_avg_sq[i].sqrt() / std::sqrt(bc2)).add_(o->eps);
+      w.addcdiv_(p->exp_avg[i], denom, -o->lr / bc1);
+      if (!p->master.empty()) p->params[i].copy_(w);
+    }
+    for (auto& t : p->params) t.mutable_grad() = Tensor();
+  });
+}
+
+int rc_policy_zero_grad(rc_policy* p, char** err) {
+  return guarded(err, [&] {
+    for (auto& t : p->params) t.mutable_grad() = Tensor();
+  });
+}
+
+int rc_policy_state_names(rc_policy* p, const char*** names, int64_t* count, char** err) {
+  return guarded(err, [&] {
+    if (p->trainable) ensure_optimizer(*p);
+    *names = p->state_name_ptrs.empty() ? nullptr : p->state_name_ptrs.data();
+    *count = (int64_t)p->state_name_ptrs.size();
+  });
+}
+
+int rc_policy_state_step(rc_policy* p, int64_t* step, char** err) {
+  return guarded(err, [&] { *step = p->step; });
+}
+
+int rc_policy_set_state_step(rc_policy* p, int64_t step, char** err) {
+  return guarded(err, [&] {
+    if (step < 0) fail("negative optimizer step");
+    p->step = step;
+  });
+}
+
+int rc_cache_new(rc_policy* p, int64_t rows, int64_t capacity, rc_cache** out, char** err) {
+  return guarded(err, [&] {
+    if (rows <= 0 || capacity <= 0) fail("cache: rows and capacity must be positive");
+    auto c = std::make_unique<rc_cache>();
+    c->p = p;
+    c->rows = rows;
+    c->capacity = capacity;
+    c->len.assign(rows, 0);
+    auto opts = torch::TensorOptions().dtype(p->dtype).device(p->device);
+    for (size_t l = 0; l < p->layers.size(); l++) {
+      c->k.push_back(torch::zeros({rows, capacity, p->cfg.num_key_value_heads, p->cfg.head_dim}, opts));
+      c->v.push_back(torch::zeros({rows, capacity, p->cfg.num_key_value_heads, p->cfg.head_dim}, opts));
+    }
+    *out = c.release();
+  });
+}
+
+void rc_cache_free(rc_cache* c) { delete c; }
+
+int rc_cache_reset(rc_cache* c, int64_t n, const int64_t* rows, char** err) {
+  return guarded(err, [&] {
+    if (!rows) {
+      std::fill(c->len.begin(), c->len.end(), 0);
+      return;
+    }
+    for (int64_t i = 0; i < n; i++) {
+      if (rows[i] < 0 || rows[i] >= c->rows) fail("cache: row " + std::to_string(rows[i]) + " out of range");
+      c->len[rows[i]] = 0;
+    }
+  });
+}
+
+int rc_cache_lengths(rc_cache* c, int64_t n, const int64_t* rows, int64_t* out, char** err) {
+  return guarded(err, [&] {
+    if (!rows) {
+      for (int64_t r = 0; r < c->rows; r++) out[r] = c->len[r];
+      return;
+    }
+    for (int64_t i = 0; i < n; i++) {
+      if (rows[i] < 0 || rows[i] >= c->rows) fail("cache: row " + std::to_string(rows[i]) + " out of range");
+      out[i] = c->len[rows[i]];
+    }
+  });
+}
+
+int rc_cache_extend(rc_cache* c, int64_t n, const int64_t* rows, int64_t width, const int32_t* tokens,
+                    const int64_t* counts, const rc_sample_opts* so, uint64_t gen_seed, int32_t* out_tokens,
+                    float* out_logp, float* out_logits, char** err) {
+  return guarded(err, [&] {
+    const rc_policy& p = *c->p;
+    if (n <= 0 || width <= 0) fail("cache: extend needs at least one row and one token");
+    check_tokens(p, n * width, tokens);
+    int64_t tmax = 0;
+    bool contiguous = true;
+    std::vector<int64_t> lens(n);
+    for (int64_t i = 0; i < n; i++) {
+      auto r = rows[i];
+      if (r < 0 || r >= c->rows) fail("cache: row " + std::to_string(r) + " out of range");
+      if (counts[i] < 1 || counts[i] > width) fail("cache: row " + std::to_string(r) + ": count outside [1, width]");
+      if (c->len[r] + counts[i] > c->capacity)
+        fail("cache: row " + std::to_string(r) + ": " + std::to_string(c->len[r] + counts[i]) +
+             " tokens exceed the context capacity " + std::to_string(c->capacity));
+      for (int64_t j = 0; j < i; j++)
+        if (rows[j] == r) fail("cache: row " + std::to_string(r) + " given twice");
+      lens[i] = c->len[r];
+      tmax = std::max(tmax, lens[i] + counts[i]);
+      if (i > 0 && rows[i] != rows[i - 1] + 1) contiguous = false;
+    }
+    torch::NoGradGuard ng;
+    auto dev = p.device;
+    auto li = torch::TensorOptions().dtype(torch::kLong);
+    auto ri = torch::from_blob(const_cast<int64_t*>(rows), {n}, li).to(dev, false, true);
+    auto lt = torch::from_blob(lens.data(), {n}, li).to(dev, false, true);
+    auto ct = torch::from_blob(const_cast<int64_t*>(counts), {n}, li).to(dev, false, true);
+    auto tok = device_tensor(p, tokens, {n, width}, torch::kInt32).to(torch::kLong);
+    auto steps = torch::arange(width, li.device(dev));
+    auto pos = lt.unsqueeze(1) + steps.unsqueeze(0);     // [n, L]
+    auto valid = steps.unsqueeze(0) < ct.unsqueeze(1);   // [n, L]
+    auto rsel = ri.unsqueeze(1).expand({n, width}).masked_select(valid);
+    auto psel = pos.masked_select(valid);
+    auto cols = torch::arange(tmax, li.device(dev));
+    // Query (r, t) may see cache columns 0..pos[r, t].
+    auto mask = torch::zeros({n, width, tmax}, torch::TensorOptions().dtype(torch::kFloat32).device(dev))
+                    .masked_fill(cols.view({1, 1, tmax}) > pos.unsqueeze(2), -std::numeric_limits<float>::infinity())
+                    .view({n, 1, 1, width, tmax});
+    auto [cos, sin] = rope(p, pos);
+    auto x = torch::embedding(p.P(p.embed), tok);
+    for (size_t l = 0; l < p.layers.size(); l++) {
+      const auto& ly = p.layers[l];
+      auto h = rms_norm(x, p.P(ly.in_norm), p.cfg.rms_norm_eps);
+      Tensor q, k, v;
+      qkv(p, ly, h, cos, sin, q, k, v);
+      auto vm = valid.view({n, width, 1, 1});
+      auto kd = p.cfg.num_key_value_heads, hd = p.cfg.head_dim;
+      c->k[l].index_put_({rsel, psel}, k.masked_select(vm).view({-1, kd, hd}));
+      c->v[l].index_put_({rsel, psel}, v.masked_select(vm).view({-1, kd, hd}));
+      Tensor K, V;
+      if (contiguous) {  // a view, no copy: the common case of a whole batch
+        K = c->k[l].narrow(0, rows[0], n).narrow(1, 0, tmax);
+        V = c->v[l].narrow(0, rows[0], n).narrow(1, 0, tmax);
+      } else {
+        K = c->k[l].index_select(0, ri).narrow(1, 0, tmax);
+        V = c->v[l].index_select(0, ri).narrow(1, 0, tmax);
+      }
+      x = x + torch::linear(attend(p, q, K, V, mask), p.P(ly.o_w));
+      x = x + mlp(p, ly, rms_norm(x, p.P(ly.post_norm), p.cfg.rms_norm_eps));
+    }
+    for (int64_t i = 0; i < n; i++) c->len[rows[i]] += counts[i];
+    // Only the last new position of each row needs logits.
+    auto last = x.gather(1, (ct - 1).view({n, 1, 1}).expand({n, 1, x.size(2)})).squeeze(1);
+    auto logits = torch::linear(rms_norm(last, p.P(p.norm), p.cfg.rms_norm_eps), p.P(p.lm_head)).to(torch::kFloat32);
+    auto lsm = torch::log_softmax(logits, -1);
+    Tensor next;
+    if (so->temperature <= 0) {
+      next = logits.argmax(-1);
+    } else {
+      auto l = logits / so->temperature;
+      if (so->top_k > 0 && so->top_k < l.size(1)) {
+        auto kth = std::get<0>(l.topk(so->top_k, -1)).narrow(1, so->top_k - 1, 1);
+        l = l.masked_fill(l < kth, -std::numeric_limits<float>::infinity());
+      }
+      if (so->top_p > 0 && so->top_p < 1) {
+        auto sorted = l.sort(-1, /*descending=*/true);
+        auto sv = std::get<0>(sorted), si = std::get<1>(sorted);
+        auto cum = torch::softmax(sv, -1).cumsum(-1);
+        // Drop a token when the mass before it already reaches top_p.
+        auto drop = (cum - torch::softmax(sv, -1)) >= so->top_p;
+        sv = sv.masked_fill(drop, -std::numeric_limits<float>::infinity());
+        l = torch::full_like(l, -std::numeric_limits<float>::infinity()).scatter(1, si, sv);
+      }
+      auto probs = torch::softmax(l, -1);
+      auto gen = at::globalContext().defaultGenerator(dev);
+      {
+        std::lock_guard<std::mutex> lock(gen.mutex());
+        gen.set_current_seed(gen_seed);
+      }
+      next = torch::multinomial(probs, 1, false, gen).squeeze(1);
+    }
+    auto nlp = lsm.gather(1, next.unsqueeze(1)).squeeze(1);
+    auto next_cpu = next.to(torch::kCPU).to(torch::kInt32).contiguous();
+    auto nlp_cpu = nlp.to(torch::kCPU).contiguous();
+    std::memcpy(out_tokens, next_cpu.data_ptr(), sizeof(int32_t) * n);
+    if (out_logp) std::memcpy(out_logp, nlp_cpu.data_ptr(), sizeof(float) * n);
+    if (out_logits) {
+      auto lc = logits.to(torch::kCPU).contiguous();
+      std::memcpy(out_logits, lc.data_ptr(), sizeof(float) * lc.numel());
+    }
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,183 @@
+/*
+ * recal.h — the C ABI between Go (package torchbridge) and libtorch.
+ *
+ * Conventions:
+ *  - Opaque handles; every handle has a *_free function.
+ *  - Every fallible call returns an int status: 0 = ok, non-zero = error, in
+ *    which case *err receives a malloc'd, NUL-terminated message that the
+ *    caller frees with free(). No thread-local "last error".
+ *  - Results come back through out-parameters. Pointers passed in are only
+ *    read during the call; the C++ side copies what it keeps.
+ *  - Token ids are int32; floats are float32 unless stated otherwise.
+ */
+#ifndef RECAL_H
+#define RECAL_H
+
+#include <stdint.h>
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A Qwen2-architecture decoder: weights, optional AdamW state, gradients. */
+typedef struct rc_policy rc_policy;
+/* A KV cache over a fixed number of sequences ("rows") for one policy. */
+typedef struct rc_cache rc_cache;
+
+/* Element types shared by tensors crossing the boundary (safetensors names). */
+enum rc_dtype { RC_F32 = 0, RC_BF16 = 1, RC_F16 = 2 };
+
+/* Architecture hyper-parameters, as Hugging Face's Qwen2Config names them. */
+typedef struct rc_config {
+  int64_t vocab_size;
+  int64_t hidden_size;
+  int64_t intermediate_size;
+  int64_t num_hidden_layers;
+  int64_t num_attention_heads;
+  int64_t num_key_value_heads;
+  int64_t head_dim;
+  int64_t max_position_embeddings;
+  double rope_theta;
+  double rms_norm_eps;
+  int32_t tie_word_embeddings;
+} rc_config;
+
+/* Sets the number of intra-op CPU threads (once per process, before work). */
+int rc_set_threads(int32_t n, char** err);
+
+/* Reports whether the linked libtorch can use CUDA (1) or not (0). */
+int rc_cuda_available(int32_t* out, char** err);
+
+/* Creates a policy with zero-filled parameters on the device ("cpu", "cuda",
+ * "cuda:1") in the dtype (RC_F32 or RC_BF16). */
+int rc_policy_new(const rc_config* cfg, const char* device, int32_t dtype, rc_policy** out, char** err);
+
+/* Frees the policy and everything it owns. NULL is a no-op. */
+void rc_policy_free(rc_policy* p);
+
+/* Number of parameter tensors. */
+int rc_policy_num_params(rc_policy* p, int64_t* out, char** err);
+
+/* Name (Hugging Face naming, borrowed pointer valid while p lives), rank and
+ * shape (up to 4 dims) of parameter i. */
+int rc_policy_param_info(rc_policy* p, int64_t i, const char** name, int32_t* ndim, int64_t* shape, char** err);
+
+/* Copies raw little-endian data of the given dtype into parameter `name`,
+ * converting to the policy's dtype. nbytes must equal numel * element size. */
+int rc_policy_set_param(rc_policy* p, const char* name, int32_t dtype, const void* data, int64_t nbytes, char** err);
+
+/* Copies parameter `name` (or optimizer tensor, see rc_policy_state_*, or
+ * "grad/<param>", the accumulated gradient, zeros when none) into buf as dtype. nbytes must equal numel * element size. */
+int rc_policy_get_param(rc_policy* p, const char* name, int32_t dtype, void* buf, int64_t nbytes, char** err);
+
+/* Initialises parameters randomly from seed (normal, std for matrices; norms
+ * to one; biases to zero). */
+int rc_policy_init_random(rc_policy* p, uint64_t seed, double std, char** err);
+
+/* Freezes (1) or unfreezes (0) the policy: a frozen one keeps no gradients
+ * and no optimizer state (used for the KL reference policy). */
+int rc_policy_set_trainable(rc_policy* p, int32_t trainable, char** err);
+
+/* Per-token scoring of full sequences under no-grad. tokens is [batch, len]
+ * row-major; lengths[b] is the valid length of row b (the rest is padding).
+ * For t in [0, len-1): logp[b, t] = log p(tokens[b, t+1] | tokens[b, :t+1]),
+ * entropy[b, t] = entropy of that next-token distribution; positions past
+ * lengths[b]-1 are written as 0. Either output may be NULL. Output shape is
+ * [batch, len] with the last column 0. */
+int rc_policy_score(rc_policy* p, int64_t batch, int64_t len, const int32_t* tokens, const int64_t* lengths,
+                    float* logp, float* entropy, char** err);
+
+/* Hyper-parameters of the clipped policy-gradient loss. */
+typedef struct rc_loss_opts {
+  double clip_eps;      /* ratio clip ε (0.2) */
+  double kl_coef;       /* k3 KL coefficient (0 = no KL) */
+  double entropy_coef;  /* entropy bonus coefficient (0 = none) */
+  double scale;         /* multiplies the token sum: 1/(policy tokens in the mini-batch) */
+  int64_t head_chunk;   /* tokens per lm_head chunk (bounds logits memory) */
+} rc_loss_opts;
+
+/* Statistics of one rc_policy_backward call, sums over masked tokens. */
+typedef struct rc_loss_stats {
+  double loss;          /* sum of per-token loss * scale */
+  double tokens;        /* masked tokens */
+  double clipped;       /* tokens whose ratio was clipped in the objective */
+  double kl;            /* sum of k3 KL terms */
+  double entropy;       /* sum of entropies */
+  double ratio;         /* sum of ratios */
+} rc_loss_stats;
+
+/* Computes the GRPO loss on [batch, len] tokens and accumulates gradients:
+ * per token (mask[b,t] > 0, t indexes the predicted token t+1 as in score):
+ *   ρ = exp(logp − old_logp); pg = −min(ρA, clip(ρ, 1−ε, 1+ε)A)
+ *   kl = exp(ref − logp) − (ref − logp) − 1          (when ref_logp != NULL)
+ *   loss = Σ mask·(pg + kl_coef·kl − entropy_coef·H) · scale
+ * adv is per row. old_logp may be NULL (then ρ = 1 with gradient, i.e. the
+ * on-policy case). */
+int rc_policy_backward(rc_policy* p, int64_t batch, int64_t len, const int32_t* tokens, const int64_t* lengths,
+                       const float* mask, const float* adv, const float* old_logp, const float* ref_logp,
+                       const rc_loss_opts* opts, rc_loss_stats* stats, char** err);
+
+/* Supervised loss: mean negative log-likelihood over masked tokens, times
+ * scale, with gradient accumulation. Returns the token sum of NLL in *nll. */
+int rc_policy_backward_nll(rc_policy* p, int64_t batch, int64_t len, const int32_t* tokens, const int64_t* lengths,
+                           const float* mask, double scale, int64_t head_chunk, double* nll, char** err);
+
+/* AdamW hyper-parameters (PyTorch semantics, decoupled weight decay). */
+typedef struct rc_adamw_opts {
+  double lr, beta1, beta2, eps, weight_decay, max_grad_norm; /* max_grad_norm <= 0: no clipping */
+} rc_adamw_opts;
+
+/* Clips the gradient norm, takes one AdamW step and zeroes the gradients.
+ * *grad_norm receives the total norm before clipping. Non-finite gradients
+ * skip the step (returns ok, *grad_norm is non-finite). */
+int rc_policy_step(rc_policy* p, const rc_adamw_opts* opts, double* grad_norm, char** err);
+
+/* Zeroes accumulated gradients without stepping. */
+int rc_policy_zero_grad(rc_policy* p, char** err);
+
+/* Optimizer state: tensors are named "exp_avg/<param>", "exp_avg_sq/<param>"
+ * and, for non-float32 policies, "master/<param>" (the float32 master copy);
+ * read and written with rc_policy_get_param/rc_policy_set_param.
+ * rc_policy_state_names lists them (borrowed pointers, valid until the next
+ * step or free); *count receives the count. */
+int rc_policy_state_names(rc_policy* p, const char*** names, int64_t* count, char** err);
+/* Step counter of the optimizer. */
+int rc_policy_state_step(rc_policy* p, int64_t* step, char** err);
+int rc_policy_set_state_step(rc_policy* p, int64_t step, char** err);
+
+/* Creates a KV cache for `rows` sequences of at most `capacity` tokens. */
+int rc_cache_new(rc_policy* p, int64_t rows, int64_t capacity, rc_cache** out, char** err);
+
+/* Frees the cache. NULL is a no-op. */
+void rc_cache_free(rc_cache* c);
+
+/* Empties rows (their length becomes 0). rows == NULL resets all. */
+int rc_cache_reset(rc_cache* c, int64_t n, const int64_t* rows, char** err);
+
+/* Sampling settings for one extend call. temperature 0 = greedy. */
+typedef struct rc_sample_opts {
+  double temperature;
+  double top_p;     /* 1 = off */
+  int64_t top_k;    /* 0 = off */
+} rc_sample_opts;
+
+/* Appends tokens to n rows and samples the next token of each. tokens is
+ * [n, width] row-major with counts[i] ≤ width valid tokens for row rows[i]
+ * (counts[i] ≥ 1). Afterwards the cache holds them; out_tokens[i] receives
+ * the next token sampled from the distribution after row i's last new token,
+ * out_logp[i] its log-probability under the unscaled softmax. out_logits, if
+ * not NULL, receives [n, vocab] float32 logits of that position. gen_seed
+ * seeds this call's sampling (the caller advances it per step). */
+int rc_cache_extend(rc_cache* c, int64_t n, const int64_t* rows, int64_t width, const int32_t* tokens,
+                    const int64_t* counts, const rc_sample_opts* sample, uint64_t gen_seed, int32_t* out_tokens,
+                    float* out_logp, float* out_logits, char** err);
+
+/* Current length of each of the n rows (or all rows when rows == NULL). */
+int rc_cache_lengths(rc_cache* c, int64_t n, const int64_t* rows, int64_t* out, char** err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* RECAL_H */

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs what recal needs and is missing, idempotently: Debian's libtorch
+# (CPU) and OpenBLAS for building and running, python3-torch and numpy for the
+# reference scripts and benchmarks. With LIBTORCH set to another libtorch,
+# only the Python side is checked.
+set -euo pipefail
+pkgs=()
+need() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed" || pkgs+=("$1"); }
+if [ -z "${LIBTORCH:-}" ]; then
+  need libtorch-dev
+  need libopenblas0-pthread
+fi
+need python3-torch
+need python3-numpy
+if [ ${#pkgs[@]} -eq 0 ]; then exit 0; fi
+echo "deps: installing ${pkgs[*]}" >&2
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${pkgs[@]}"

@@ -1,0 +1,130 @@
+// Package torchbridge runs the routing policy, a Qwen2-architecture decoder,
+// through libtorch. It is the only package of recal that uses cgo; the C++
+// lives in cgo/recal.cc behind the C ABI of cgo/recal.h and is built into
+// build/librecal.a by the Makefile (`make build`).
+//
+// All torch work runs on one goroutine locked to an OS thread, so concurrent
+// Go callers never interleave libtorch's thread-local state (grad mode,
+// guards). Handles are freed by Close, never by finalizers.
+package torchbridge
+
+/*
+#cgo CFLAGS: -I${SRCDIR}/../cgo
+#cgo LDFLAGS: -L${SRCDIR}/../build -lrecal -ltorch -ltorch_cpu -lc10 -lstdc++ -lm
+#include <stdlib.h>
+#include "recal.h"
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"unsafe"
+)
+
+// ErrClosed is returned by calls on a closed handle.
+var ErrClosed = errors.New("torchbridge: use of a closed handle")
+
+// status converts a C status and message into a Go error, freeing the message.
+func status(rc C.int, msg *C.char) error {
+	if rc == 0 {
+		return nil
+	}
+	s := "unknown error"
+	if msg != nil {
+		s = C.GoString(msg)
+		C.free(unsafe.Pointer(msg))
+	}
+	return fmt.Errorf("torchbridge: %s", s)
+}
+
+// The torch thread: one goroutine, locked to its OS thread, runs every call.
+var (
+	workOnce sync.Once
+	work     chan func()
+)
+
+func startWorker() {
+	work = make(chan func())
+	go func() {
+		runtime.LockOSThread()
+		for fn := range work {
+			fn()
+		}
+	}()
+}
+
+// do runs fn on the torch thread and waits for it. A ctx cancelled before fn
+// starts returns ctx.Err(); once started, fn runs to the end (a C++ call
+// cannot be interrupted).
+func do(ctx context.Context, fn func() error) error {
+	workOnce.Do(startWorker)
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	done := make(chan error, 1)
+	job := func() {
+		if err := ctx.Err(); err != nil {
+			done <- err
+			return
+		}
+		done <- fn()
+	}
+	select {
+	case work <- job:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return <-done
+}
+
+// SetThreads sets libtorch's intra-op CPU threads. Call once, before work.
+func SetThreads(n int) error {
+	return do(context.Background(), func() error {
+		var msg *C.char
+		return status(C.rc_set_threads(C.int32_t(n), &msg), msg)
+	})
+}
+
+// CUDAAvailable reports whether the linked libtorch can run on a GPU.
+func CUDAAvailable() (bool, error) {
+	var ok C.int32_t
+	err := do(context.Background(), func() error {
+		var msg *C.char
+		return status(C.rc_cuda_available(&ok, &msg), msg)
+	})
+	return ok != 0, err
+}
+
+// int64s copies Go ints into a C-compatible slice.
+func int64s(v []int) []int64 {
+	out := make([]int64, len(v))
+	for i, x := range v {
+		out[i] = int64(x)
+	}
+	return out
+}
+
+func ptrI64(v []int64) *C.int64_t {
+	if len(v) == 0 {
+		return nil
+	}
+	return (*C.int64_t)(unsafe.Pointer(&v[0]))
+}
+
+func ptrI32(v []int32) *C.int32_t {
+	if len(v) == 0 {
+		return nil
+	}
+	return (*C.int32_t)(unsafe.Pointer(&v[0]))
+}
+
+func ptrF32(v []float32) *C.float {
+	if len(v) == 0 {
+		return nil
+	}
+	return (*C.float)(unsafe.Pointer(&v[0]))
+}

@@ -1,0 +1,165 @@
+package torchbridge
+
+/*
+#include "recal.h"
+*/
+import "C"
+
+import (
+	"context"
+	"fmt"
+)
+
+// Cache is a KV cache over a fixed number of rows (sequences) of one policy.
+// Appending tokens to a row (a prompt, a sampled token, an <information>
+// block) never recomputes what the row already holds.
+type Cache struct {
+	p        *Policy
+	h        *C.rc_cache
+	rows     int
+	capacity int
+	vocab    int
+}
+
+// NewCache creates a cache for rows sequences of at most capacity tokens.
+func (p *Policy) NewCache(rows, capacity int) (*Cache, error) {
+	c := &Cache{p: p, rows: rows, capacity: capacity, vocab: int(p.cfg.VocabSize)}
+	err := p.call(context.Background(), func(h *C.rc_policy) error {
+		var msg *C.char
+		if err := status(C.rc_cache_new(h, C.int64_t(rows), C.int64_t(capacity), &c.h, &msg), msg); err != nil {
+			return err
+		}
+		p.caches[c] = struct{}{}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Rows is the number of sequences; Capacity the tokens each can hold.
+func (c *Cache) Rows() int     { return c.rows }
+func (c *Cache) Capacity() int { return c.capacity }
+
+// free runs on the torch thread.
+func (c *Cache) free() {
+	if c.h != nil {
+		C.rc_cache_free(c.h)
+		c.h = nil
+	}
+}
+
+// Close frees the cache. Safe to call twice, and after the policy's Close.
+func (c *Cache) Close() error {
+	return do(context.Background(), func() error {
+		c.free()
+		if c.p.caches != nil {
+			delete(c.p.caches, c)
+		}
+		return nil
+	})
+}
+
+func (c *Cache) call(ctx context.Context, fn func(h *C.rc_cache) error) error {
+	return do(ctx, func() error {
+		if c.h == nil || c.p.h == nil {
+			return ErrClosed
+		}
+		return fn(c.h)
+	})
+}
+
+// Reset empties the given rows (all rows when none are given).
+func (c *Cache) Reset(ctx context.Context, rows ...int) error {
+	r := int64s(rows)
+	return c.call(ctx, func(h *C.rc_cache) error {
+		var msg *C.char
+		if len(r) == 0 {
+			return status(C.rc_cache_reset(h, 0, nil, &msg), msg)
+		}
+		return status(C.rc_cache_reset(h, C.int64_t(len(r)), ptrI64(r), &msg), msg)
+	})
+}
+
+// Lengths returns how many tokens each row holds.
+func (c *Cache) Lengths(ctx context.Context) ([]int, error) {
+	out := make([]int64, c.rows)
+	err := c.call(ctx, func(h *C.rc_cache) error {
+		var msg *C.char
+		return status(C.rc_cache_lengths(h, 0, nil, ptrI64(out), &msg), msg)
+	})
+	res := make([]int, len(out))
+	for i, v := range out {
+		res[i] = int(v)
+	}
+	return res, err
+}
+
+// Sampling configures next-token selection. Temperature 0 is greedy.
+type Sampling struct {
+	Temperature float64
+	TopP        float64 // 1 (or 0) = off
+	TopK        int     // 0 = off
+}
+
+// Step is one Extend request: tokens to append to each row.
+type Step struct {
+	Rows       []int
+	Tokens     [][]int32 // Tokens[i] (non-empty) is appended to row Rows[i]
+	Sampling   Sampling
+	Seed       uint64 // seeds this call's sampling; callers advance it per call
+	WantLogits bool   // also return the [len(Rows), vocab] logits
+}
+
+// Result holds the token sampled after each row's last new token, its
+// log-probability under the untempered distribution, and optionally the logits.
+type Result struct {
+	Next   []int32
+	Logp   []float32
+	Logits [][]float32
+}
+
+// Extend appends tokens to rows and samples each row's next token.
+func (c *Cache) Extend(ctx context.Context, s Step) (Result, error) {
+	n := len(s.Rows)
+	if n == 0 || len(s.Tokens) != n {
+		return Result{}, fmt.Errorf("torchbridge: extend: %d rows with %d token lists", n, len(s.Tokens))
+	}
+	width := 0
+	for i, t := range s.Tokens {
+		if len(t) == 0 {
+			return Result{}, fmt.Errorf("torchbridge: extend: row %d: no tokens", s.Rows[i])
+		}
+		width = max(width, len(t))
+	}
+	tok := make([]int32, n*width)
+	counts := make([]int64, n)
+	for i, t := range s.Tokens {
+		copy(tok[i*width:], t)
+		counts[i] = int64(len(t))
+	}
+	rows := int64s(s.Rows)
+	res := Result{Next: make([]int32, n), Logp: make([]float32, n)}
+	var logits []float32
+	if s.WantLogits {
+		logits = make([]float32, n*c.vocab)
+	}
+	so := C.rc_sample_opts{temperature: C.double(s.Sampling.Temperature), top_p: C.double(s.Sampling.TopP), top_k: C.int64_t(s.Sampling.TopK)}
+	err := c.call(ctx, func(h *C.rc_cache) error {
+		var msg *C.char
+		rc := C.rc_cache_extend(h, C.int64_t(n), ptrI64(rows), C.int64_t(width), ptrI32(tok), ptrI64(counts), &so,
+			C.uint64_t(s.Seed), ptrI32(res.Next), ptrF32(res.Logp), ptrF32(logits), &msg)
+		return status(rc, msg)
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	if logits != nil {
+		res.Logits = make([][]float32, n)
+		for i := range res.Logits {
+			res.Logits[i] = logits[i*c.vocab : (i+1)*c.vocab]
+		}
+	}
+	return res, nil
+}

@@ -1,0 +1,464 @@
+package torchbridge
+
+/*
+#include <stdlib.h>
+#include "recal.h"
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"unsafe"
+
+	"github.com/recal-project/recal/internal/hfmodel"
+)
+
+// Options say where and in what precision a policy lives.
+type Options struct {
+	Device string // "cpu", "cuda" or "cuda:N"
+	DType  string // "float32" or "bfloat16"
+}
+
+func (o Options) withDefaults() Options {
+	if o.Device == "" {
+		o.Device = "cpu"
+	}
+	if o.DType == "" {
+		o.DType = "float32"
+	}
+	return o
+}
+
+func (o Options) code() (C.int32_t, string, error) {
+	switch o.DType {
+	case "float32":
+		return C.RC_F32, "F32", nil
+	case "bfloat16":
+		return C.RC_BF16, "BF16", nil
+	}
+	return 0, "", fmt.Errorf("torchbridge: dtype %q: want float32 or bfloat16", o.DType)
+}
+
+var dtypeCodes = map[string]C.int32_t{"F32": C.RC_F32, "BF16": C.RC_BF16, "F16": C.RC_F16}
+
+// Param names one parameter tensor (Hugging Face naming) and its shape.
+type Param struct {
+	Name  string
+	Shape []int64
+}
+
+// Numel is the element count.
+func (p Param) Numel() int64 {
+	n := int64(1)
+	for _, d := range p.Shape {
+		n *= d
+	}
+	return n
+}
+
+// auxFiles are the non-weight files of a checkpoint that Save carries over.
+var auxFiles = []string{"generation_config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json"}
+
+// Policy is a Qwen2 decoder in libtorch with its optimizer state.
+type Policy struct {
+	h      *C.rc_policy
+	cfg    *hfmodel.Config
+	opt    Options
+	params []Param
+	caches map[*Cache]struct{}
+	// Aux holds checkpoint files carried over by Save (tokenizer files,
+	// generation_config.json), keyed by file name.
+	Aux map[string][]byte
+}
+
+// NewPolicy creates a policy with zeroed weights for cfg.
+func NewPolicy(cfg *hfmodel.Config, opt Options) (*Policy, error) {
+	opt = opt.withDefaults()
+	dt, _, err := opt.code()
+	if err != nil {
+		return nil, err
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("torchbridge: config: %w", err)
+	}
+	p := &Policy{cfg: cfg, opt: opt, caches: map[*Cache]struct{}{}, Aux: map[string][]byte{}}
+	cc := C.rc_config{
+		vocab_size: C.int64_t(cfg.VocabSize), hidden_size: C.int64_t(cfg.HiddenSize),
+		intermediate_size: C.int64_t(cfg.IntermediateSize), num_hidden_layers: C.int64_t(cfg.NumHiddenLayers),
+		num_attention_heads: C.int64_t(cfg.NumAttentionHeads), num_key_value_heads: C.int64_t(cfg.NumKeyValueHeads),
+		head_dim: C.int64_t(cfg.HeadDimension()), max_position_embeddings: C.int64_t(cfg.MaxPositionEmbeddings),
+		rope_theta: C.double(cfg.RopeTheta), rms_norm_eps: C.double(cfg.RMSNormEps),
+	}
+	if cfg.TieWordEmbeddings {
+		cc.tie_word_embeddings = 1
+	}
+	err = do(context.Background(), func() error {
+		dev := C.CString(opt.Device)
+		defer C.free(unsafe.Pointer(dev))
+		var msg *C.char
+		if err := status(C.rc_policy_new(&cc, dev, dt, &p.h, &msg), msg); err != nil {
+			return err
+		}
+		var n C.int64_t
+		if err := status(C.rc_policy_num_params(p.h, &n, &msg), msg); err != nil {
+			return err
+		}
+		for i := C.int64_t(0); i < n; i++ {
+			var name *C.char
+			var nd C.int32_t
+			var shape [4]C.int64_t
+			if err := status(C.rc_policy_param_info(p.h, i, &name, &nd, &shape[0], &msg), msg); err != nil {
+				return err
+			}
+			pr := Param{Name: C.GoString(name)}
+			for d := 0; d < int(nd); d++ {
+				pr.Shape = append(pr.Shape, int64(shape[d]))
+			}
+			p.params = append(p.params, pr)
+		}
+		return nil
+	})
+	if err != nil {
+		p.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// LoadPolicy loads a Hugging Face checkpoint folder: config.json and
+// model.safetensors (or a sharded model.safetensors.index.json), tensors in
+// F32, BF16 or F16, converted to opt.DType.
+func LoadPolicy(dir string, opt Options) (*Policy, error) {
+	cfg, err := hfmodel.LoadConfig(dir)
+	if err != nil {
+		return nil, err
+	}
+	w, err := hfmodel.OpenWeights(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer w.Close()
+	p, err := NewPolicy(cfg, opt)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.loadWeights(w, dir); err != nil {
+		p.Close()
+		return nil, err
+	}
+	for _, f := range auxFiles {
+		if b, err := os.ReadFile(filepath.Join(dir, f)); err == nil {
+			p.Aux[f] = b
+		}
+	}
+	return p, nil
+}
+
+func (p *Policy) loadWeights(w *hfmodel.Weights, dir string) error {
+	for _, pr := range p.params {
+		t, ok := w.Lookup(pr.Name)
+		if !ok {
+			return fmt.Errorf("torchbridge: %s: tensor %q is missing", dir, pr.Name)
+		}
+		if !sameShape(t.Shape, pr.Shape) {
+			return fmt.Errorf("torchbridge: %s: tensor %q: shape %v, want %v", dir, pr.Name, t.Shape, pr.Shape)
+		}
+		b, err := w.Read(t)
+		if err != nil {
+			return err
+		}
+		if err := p.SetParam(pr.Name, t.DType, b); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func sameShape(a, b []int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// Config returns the architecture.
+func (p *Policy) Config() *hfmodel.Config { return p.cfg }
+
+// Options returns the device and dtype.
+func (p *Policy) Options() Options { return p.opt }
+
+// Params lists the parameters in a fixed order.
+func (p *Policy) Params() []Param { return p.params }
+
+// NumParams is the total element count of the parameters.
+func (p *Policy) NumParams() int64 {
+	var n int64
+	for _, pr := range p.params {
+		n += pr.Numel()
+	}
+	return n
+}
+
+// call runs fn on the torch thread with the live handle.
+func (p *Policy) call(ctx context.Context, fn func(h *C.rc_policy) error) error {
+	return do(ctx, func() error {
+		if p.h == nil {
+			return ErrClosed
+		}
+		return fn(p.h)
+	})
+}
+
+// SetParam copies raw little-endian data of dtype ("F32", "BF16", "F16") into
+// a parameter or optimizer tensor.
+func (p *Policy) SetParam(name, dtype string, data []byte) error {
+	code, ok := dtypeCodes[dtype]
+	if !ok {
+		return fmt.Errorf("torchbridge: tensor %q: unsupported dtype %q", name, dtype)
+	}
+	return p.call(context.Background(), func(h *C.rc_policy) error {
+		cn := C.CString(name)
+		defer C.free(unsafe.Pointer(cn))
+		var msg *C.char
+		var ptr unsafe.Pointer
+		if len(data) > 0 {
+			ptr = unsafe.Pointer(&data[0])
+		}
+		return status(C.rc_policy_set_param(h, cn, code, ptr, C.int64_t(len(data)), &msg), msg)
+	})
+}
+
+// GetParam copies a parameter or optimizer tensor into buf as dtype.
+func (p *Policy) GetParam(name, dtype string, buf []byte) error {
+	code, ok := dtypeCodes[dtype]
+	if !ok {
+		return fmt.Errorf("torchbridge: tensor %q: unsupported dtype %q", name, dtype)
+	}
+	return p.call(context.Background(), func(h *C.rc_policy) error {
+		cn := C.CString(name)
+		defer C.free(unsafe.Pointer(cn))
+		var msg *C.char
+		var ptr unsafe.Pointer
+		if len(buf) > 0 {
+			ptr = unsafe.Pointer(&buf[0])
+		}
+		return status(C.rc_policy_get_param(h, cn, code, ptr, C.int64_t(len(buf)), &msg), msg)
+	})
+}
+
+// InitRandom draws the weights from N(0, std²) (norm weights 1, biases 0).
+func (p *Policy) InitRandom(seed uint64, std float64) error {
+	return p.call(context.Background(), func(h *C.rc_policy) error {
+		var msg *C.char
+		return status(C.rc_policy_init_random(h, C.uint64_t(seed), C.double(std), &msg), msg)
+	})
+}
+
+// SetTrainable freezes (false) or unfreezes the policy. A frozen policy keeps
+// no gradients and no optimizer state: the KL reference is one.
+func (p *Policy) SetTrainable(on bool) error {
+	return p.call(context.Background(), func(h *C.rc_policy) error {
+		var msg *C.char
+		v := C.int32_t(0)
+		if on {
+			v = 1
+		}
+		return status(C.rc_policy_set_trainable(h, v, &msg), msg)
+	})
+}
+
+// Save writes a Hugging Face checkpoint folder (config.json, model.safetensors
+// in the policy's dtype, and the Aux files). The folder is replaced as a
+// whole: files go to a temporary sibling that is renamed into place.
+func (p *Policy) Save(dir string) error {
+	_, st, err := p.opt.code()
+	if err != nil {
+		return err
+	}
+	dir = filepath.Clean(dir)
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return fmt.Errorf("torchbridge: %w", err)
+	}
+	tmp, err := os.MkdirTemp(filepath.Dir(dir), "."+filepath.Base(dir)+".tmp-")
+	if err != nil {
+		return fmt.Errorf("torchbridge: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+	cfg := *p.cfg
+	cfg.TorchDType = p.opt.DType
+	cb, err := cfg.MarshalJSON()
+	if err != nil {
+		return fmt.Errorf("torchbridge: %w", err)
+	}
+	files := map[string][]byte{"config.json": cb}
+	for k, v := range p.Aux {
+		files[k] = v
+	}
+	for name, b := range files {
+		if err := writeFile(filepath.Join(tmp, name), b); err != nil {
+			return err
+		}
+	}
+	specs := make([]hfmodel.TensorSpec, len(p.params))
+	for i, pr := range p.params {
+		specs[i] = hfmodel.TensorSpec{Name: pr.Name, DType: st, Shape: pr.Shape}
+	}
+	meta := map[string]string{"format": "pt"}
+	err = hfmodel.WriteSafetensors(filepath.Join(tmp, "model.safetensors"), specs, meta, func(i int, buf []byte) error {
+		return p.GetParam(specs[i].Name, st, buf)
+	})
+	if err != nil {
+		return err
+	}
+	return replaceDir(tmp, dir)
+}
+
+// SaveOptimizer writes the AdamW state (moments, master weights, step) as a
+// safetensors file, atomically.
+func (p *Policy) SaveOptimizer(path string) error {
+	names, step, err := p.stateNames()
+	if err != nil {
+		return err
+	}
+	byName := map[string]Param{}
+	for _, pr := range p.params {
+		byName[pr.Name] = pr
+	}
+	specs := make([]hfmodel.TensorSpec, len(names))
+	for i, n := range names {
+		pr := byName[paramOf(n)]
+		specs[i] = hfmodel.TensorSpec{Name: n, DType: "F32", Shape: pr.Shape}
+	}
+	meta := map[string]string{"step": strconv.FormatInt(step, 10), "format": "recal-adamw"}
+	return hfmodel.WriteSafetensors(path, specs, meta, func(i int, buf []byte) error {
+		return p.GetParam(specs[i].Name, "F32", buf)
+	})
+}
+
+// LoadOptimizer restores the state written by SaveOptimizer.
+func (p *Policy) LoadOptimizer(path string) error {
+	names, _, err := p.stateNames()
+	if err != nil {
+		return err
+	}
+	w, err := hfmodel.OpenWeightsFile(path)
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	for _, n := range names {
+		t, ok := w.Lookup(n)
+		if !ok {
+			return fmt.Errorf("torchbridge: %s: tensor %q is missing", path, n)
+		}
+		b, err := w.Read(t)
+		if err != nil {
+			return err
+		}
+		if err := p.SetParam(n, t.DType, b); err != nil {
+			return fmt.Errorf("torchbridge: %s: %w", path, err)
+		}
+	}
+	step, err := strconv.ParseInt(w.Metadata()["step"], 10, 64)
+	if err != nil {
+		return fmt.Errorf("torchbridge: %s: metadata \"step\": %w", path, err)
+	}
+	return p.call(context.Background(), func(h *C.rc_policy) error {
+		var msg *C.char
+		return status(C.rc_policy_set_state_step(h, C.int64_t(step), &msg), msg)
+	})
+}
+
+func paramOf(stateName string) string {
+	for i := 0; i < len(stateName); i++ {
+		if stateName[i] == '/' {
+			return stateName[i+1:]
+		}
+	}
+	return stateName
+}
+
+func (p *Policy) stateNames() ([]string, int64, error) {
+	var names []string
+	var step int64
+	err := p.call(context.Background(), func(h *C.rc_policy) error {
+		var msg *C.char
+		var arr **C.char
+		var n C.int64_t
+		if err := status(C.rc_policy_state_names(h, &arr, &n, &msg), msg); err != nil {
+			return err
+		}
+		for _, s := range unsafe.Slice(arr, int(n)) {
+			names = append(names, C.GoString(s))
+		}
+		var st C.int64_t
+		if err := status(C.rc_policy_state_step(h, &st, &msg), msg); err != nil {
+			return err
+		}
+		step = int64(st)
+		return nil
+	})
+	return names, step, err
+}
+
+// Close frees the policy and any caches still open on it. Safe to call twice.
+func (p *Policy) Close() error {
+	return do(context.Background(), func() error {
+		for c := range p.caches {
+			c.free()
+		}
+		p.caches = nil
+		if p.h != nil {
+			C.rc_policy_free(p.h)
+			p.h = nil
+		}
+		return nil
+	})
+}
+
+func writeFile(path string, b []byte) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("torchbridge: %w", err)
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return fmt.Errorf("torchbridge: %w", err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return fmt.Errorf("torchbridge: %w", err)
+	}
+	return f.Close()
+}
+
+// replaceDir moves the finished folder tmp to dir, replacing an older dir.
+func replaceDir(tmp, dir string) error {
+	old := dir + ".old"
+	os.RemoveAll(old)
+	if _, err := os.Stat(dir); err == nil {
+		if err := os.Rename(dir, old); err != nil {
+			return fmt.Errorf("torchbridge: %w", err)
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("torchbridge: %w", err)
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		return fmt.Errorf("torchbridge: %w", err)
+	}
+	if d, err := os.Open(filepath.Dir(dir)); err == nil {
+		d.Sync()
+		d.Close()
+	}
+	return os.RemoveAll(old)
+}

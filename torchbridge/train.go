@@ -1,0 +1,223 @@
+package torchbridge
+
+/*
+#include "recal.h"
+*/
+import "C"
+
+import (
+	"context"
+	"fmt"
+)
+
+// padded lays out ragged sequences as a right-padded [batch, width] matrix.
+type padded struct {
+	batch, width int
+	tokens       []int32
+	lengths      []int64
+}
+
+func pad(seqs [][]int32) (padded, error) {
+	var pd padded
+	pd.batch = len(seqs)
+	for _, s := range seqs {
+		pd.width = max(pd.width, len(s))
+	}
+	if pd.batch == 0 || pd.width == 0 {
+		return pd, fmt.Errorf("torchbridge: empty batch")
+	}
+	pd.tokens = make([]int32, pd.batch*pd.width)
+	pd.lengths = make([]int64, pd.batch)
+	for b, s := range seqs {
+		copy(pd.tokens[b*pd.width:], s)
+		pd.lengths[b] = int64(len(s))
+	}
+	return pd, nil
+}
+
+// shift turns per-token values v[t] (the value for token t, t ≥ 1) into the
+// C layout, where position t holds the value for predicting token t+1.
+func (pd padded) shift(b int, v []float32, out []float32) {
+	for t := 1; t < len(v) && t <= int(pd.lengths[b])-1; t++ {
+		out[b*pd.width+t-1] = v[t]
+	}
+}
+
+// Score returns, for each sequence, the log-probability of every token given
+// its prefix and the entropy of the distribution it was drawn from, indexed by
+// token (index 0, which has no prefix, is 0). No gradients are kept.
+func (p *Policy) Score(ctx context.Context, seqs [][]int32) (logp, entropy [][]float32, err error) {
+	pd, err := pad(seqs)
+	if err != nil {
+		return nil, nil, err
+	}
+	lp := make([]float32, pd.batch*pd.width)
+	en := make([]float32, pd.batch*pd.width)
+	err = p.call(ctx, func(h *C.rc_policy) error {
+		var msg *C.char
+		rc := C.rc_policy_score(h, C.int64_t(pd.batch), C.int64_t(pd.width), ptrI32(pd.tokens), ptrI64(pd.lengths),
+			ptrF32(lp), ptrF32(en), &msg)
+		return status(rc, msg)
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	logp = make([][]float32, pd.batch)
+	entropy = make([][]float32, pd.batch)
+	for b, s := range seqs {
+		logp[b] = make([]float32, len(s))
+		entropy[b] = make([]float32, len(s))
+		for t := 1; t < len(s); t++ {
+			logp[b][t] = lp[b*pd.width+t-1]
+			entropy[b][t] = en[b*pd.width+t-1]
+		}
+	}
+	return logp, entropy, nil
+}
+
+// Sequence is one response in a policy-gradient batch. Per-token slices are
+// indexed like Tokens.
+type Sequence struct {
+	Tokens    []int32
+	Mask      []float32 // 1 for tokens the policy wrote (they train), 0 for prompt and observations
+	Advantage float32
+	OldLogp   []float32 // log-probs under the rollout policy; nil = on-policy (ρ = 1)
+	RefLogp   []float32 // log-probs under the reference policy; nil = no KL term
+}
+
+// LossOptions configure the clipped policy-gradient loss.
+type LossOptions struct {
+	ClipEps     float64 // ratio clip ε
+	KLCoef      float64 // k3 KL coefficient
+	EntropyCoef float64 // entropy bonus coefficient
+	Scale       float64 // multiplies the token sum; 1/(policy tokens of the mini-batch) gives a token mean
+	HeadChunk   int     // tokens per lm_head chunk (0 = 1024)
+}
+
+// LossStats are sums over the masked tokens of one Backward call.
+type LossStats struct {
+	Loss, Tokens, Clipped, KL, Entropy, Ratio float64
+}
+
+// Add accumulates s2 into s.
+func (s *LossStats) Add(s2 LossStats) {
+	s.Loss += s2.Loss
+	s.Tokens += s2.Tokens
+	s.Clipped += s2.Clipped
+	s.KL += s2.KL
+	s.Entropy += s2.Entropy
+	s.Ratio += s2.Ratio
+}
+
+// Backward computes the GRPO loss of seqs and accumulates its gradients:
+// per masked token, −min(ρA, clip(ρ, 1−ε, 1+ε)A) + kl_coef·k3 − entropy_coef·H,
+// summed and multiplied by opt.Scale. Call Step after the last micro-batch.
+func (p *Policy) Backward(ctx context.Context, seqs []Sequence, opt LossOptions) (LossStats, error) {
+	toks := make([][]int32, len(seqs))
+	for i, s := range seqs {
+		toks[i] = s.Tokens
+	}
+	pd, err := pad(toks)
+	if err != nil {
+		return LossStats{}, err
+	}
+	n := pd.batch * pd.width
+	mask := make([]float32, n)
+	adv := make([]float32, pd.batch)
+	var old, ref []float32
+	if seqs[0].OldLogp != nil {
+		old = make([]float32, n)
+	}
+	if seqs[0].RefLogp != nil {
+		ref = make([]float32, n)
+	}
+	for b, s := range seqs {
+		if len(s.Mask) != len(s.Tokens) {
+			return LossStats{}, fmt.Errorf("torchbridge: sequence %d: mask has %d entries for %d tokens", b, len(s.Mask), len(s.Tokens))
+		}
+		if (s.OldLogp != nil) != (old != nil) || (s.RefLogp != nil) != (ref != nil) {
+			return LossStats{}, fmt.Errorf("torchbridge: sequence %d: OldLogp/RefLogp must be given for all sequences or none", b)
+		}
+		for _, v := range [][]float32{s.OldLogp, s.RefLogp} {
+			if v != nil && len(v) != len(s.Tokens) {
+				return LossStats{}, fmt.Errorf("torchbridge: sequence %d: log-probs have %d entries for %d tokens", b, len(v), len(s.Tokens))
+			}
+		}
+		pd.shift(b, s.Mask, mask)
+		if old != nil {
+			pd.shift(b, s.OldLogp, old)
+		}
+		if ref != nil {
+			pd.shift(b, s.RefLogp, ref)
+		}
+		adv[b] = s.Advantage
+	}
+	co := C.rc_loss_opts{clip_eps: C.double(opt.ClipEps), kl_coef: C.double(opt.KLCoef),
+		entropy_coef: C.double(opt.EntropyCoef), scale: C.double(opt.Scale), head_chunk: C.int64_t(opt.HeadChunk)}
+	var st C.rc_loss_stats
+	err = p.call(ctx, func(h *C.rc_policy) error {
+		var msg *C.char
+		rc := C.rc_policy_backward(h, C.int64_t(pd.batch), C.int64_t(pd.width), ptrI32(pd.tokens), ptrI64(pd.lengths),
+			ptrF32(mask), ptrF32(adv), ptrF32(old), ptrF32(ref), &co, &st, &msg)
+		return status(rc, msg)
+	})
+	return LossStats{Loss: float64(st.loss), Tokens: float64(st.tokens), Clipped: float64(st.clipped),
+		KL: float64(st.kl), Entropy: float64(st.entropy), Ratio: float64(st.ratio)}, err
+}
+
+// BackwardNLL accumulates the gradient of scale × (sum of −log p over masked
+// tokens) and returns that NLL sum (unscaled) and the masked token count.
+func (p *Policy) BackwardNLL(ctx context.Context, seqs [][]int32, masks [][]float32, scale float64, headChunk int) (nll, tokens float64, err error) {
+	pd, err := pad(seqs)
+	if err != nil {
+		return 0, 0, err
+	}
+	mask := make([]float32, pd.batch*pd.width)
+	for b := range seqs {
+		if len(masks[b]) != len(seqs[b]) {
+			return 0, 0, fmt.Errorf("torchbridge: sequence %d: mask has %d entries for %d tokens", b, len(masks[b]), len(seqs[b]))
+		}
+		pd.shift(b, masks[b], mask)
+	}
+	for _, m := range mask {
+		if m > 0 {
+			tokens++
+		}
+	}
+	var out C.double
+	err = p.call(ctx, func(h *C.rc_policy) error {
+		var msg *C.char
+		rc := C.rc_policy_backward_nll(h, C.int64_t(pd.batch), C.int64_t(pd.width), ptrI32(pd.tokens), ptrI64(pd.lengths),
+			ptrF32(mask), C.double(scale), C.int64_t(headChunk), &out, &msg)
+		return status(rc, msg)
+	})
+	return float64(out), tokens, err
+}
+
+// AdamW holds optimizer settings (PyTorch semantics, decoupled weight decay).
+type AdamW struct {
+	LR, Beta1, Beta2, Eps, WeightDecay float64
+	MaxGradNorm                        float64 // ≤ 0: no clipping
+}
+
+// Step clips the accumulated gradient to MaxGradNorm, applies one AdamW
+// update and clears the gradients. It returns the norm before clipping; a
+// non-finite norm skips the update.
+func (p *Policy) Step(ctx context.Context, o AdamW) (gradNorm float64, err error) {
+	co := C.rc_adamw_opts{lr: C.double(o.LR), beta1: C.double(o.Beta1), beta2: C.double(o.Beta2), eps: C.double(o.Eps),
+		weight_decay: C.double(o.WeightDecay), max_grad_norm: C.double(o.MaxGradNorm)}
+	var gn C.double
+	err = p.call(ctx, func(h *C.rc_policy) error {
+		var msg *C.char
+		return status(C.rc_policy_step(h, &co, &gn, &msg), msg)
+	})
+	return float64(gn), err
+}
+
+// ZeroGrad drops accumulated gradients.
+func (p *Policy) ZeroGrad(ctx context.Context) error {
+	return p.call(ctx, func(h *C.rc_policy) error {
+		var msg *C.char
+		return status(C.rc_policy_zero_grad(h, &msg), msg)
+	})
+}
