@@ -165,8 +165,11 @@ func (p *Policy) loadWeights(w *hfmodel.Weights, dir string) error {
 		if !ok {
 			return fmt.Errorf("torchbridge: %s: tensor %q is missing", dir, pr.Name)
 		}
+		if _, ok := hfmodel.DTypeSize[t.DType]; !ok {
+			return fmt.Errorf("torchbridge: %s: tensor %q: unsupported dtype %q (want F32, BF16 or F16)", t.Path(), pr.Name, t.DType)
+		}
 		if !sameShape(t.Shape, pr.Shape) {
-			return fmt.Errorf("torchbridge: %s: tensor %q: shape %v, want %v", dir, pr.Name, t.Shape, pr.Shape)
+			return fmt.Errorf("torchbridge: %s: tensor %q: shape %v, want %v", t.Path(), pr.Name, t.Shape, pr.Shape)
 		}
 		b, err := w.Read(t)
 		if err != nil {

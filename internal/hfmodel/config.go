@@ -227,3 +227,33 @@ func EOS(dir string, c *Config) ([]int64, error) {
 	}
 	return ids, nil
 }
+
+// Presets are the Qwen2-architecture shapes `recal policy init` can create.
+// Both use Qwen2.5's vocabulary size and tie the output head to the
+// embedding, as Qwen2.5-3B does.
+var Presets = map[string]Config{
+	"tiny":  {HiddenSize: 128, IntermediateSize: 384, NumHiddenLayers: 2, NumAttentionHeads: 4, NumKeyValueHeads: 2},
+	"small": {HiddenSize: 256, IntermediateSize: 768, NumHiddenLayers: 4, NumAttentionHeads: 8, NumKeyValueHeads: 2},
+}
+
+// Preset returns the full config of a preset for a vocabulary of vocab ids.
+func Preset(name string, vocab int64) (*Config, error) {
+	p, ok := Presets[name]
+	if !ok {
+		names := make([]string, 0, len(Presets))
+		for k := range Presets {
+			names = append(names, k)
+		}
+		sort.Strings(names)
+		return nil, fmt.Errorf("hfmodel: unknown preset %q (known: %v)", name, names)
+	}
+	c := p
+	c.Architectures = []string{"Qwen2ForCausalLM"}
+	c.ModelType = "qwen2"
+	c.VocabSize = vocab
+	c.MaxPositionEmbeddings = 4096
+	c.RopeTheta = 1e6
+	c.RMSNormEps = 1e-6
+	c.TieWordEmbeddings = true
+	return &c, c.Validate()
+}

@@ -26,6 +26,9 @@ type Tensor struct {
 	size  int64
 }
 
+// Path is the file the tensor is stored in.
+func (t *Tensor) Path() string { return t.path }
+
 // Numel is the element count.
 func (t *Tensor) Numel() int64 {
 	n := int64(1)
@@ -299,6 +302,9 @@ func WriteAtomic(path string, write func(io.Writer) error) error {
 	}
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("hfmodel: %s: %w", path, err)
+	}
+	if err := os.Chmod(tmp, 0o644); err != nil {
+		return fmt.Errorf("hfmodel: %w", err)
 	}
 	if err := os.Rename(tmp, path); err != nil {
 		return fmt.Errorf("hfmodel: %w", err)

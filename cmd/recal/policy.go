@@ -1,0 +1,91 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"github.com/urfave/cli/v3"
+
+	"github.com/recal-project/recal/internal/hfmodel"
+	"github.com/recal-project/recal/tokenizer"
+	"github.com/recal-project/recal/torchbridge"
+)
+
+func policyCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "policy",
+		Usage: "create policy checkpoints",
+		Commands: []*cli.Command{{
+			Name:  "init",
+			Usage: "write a randomly initialised Qwen2-architecture checkpoint (Hugging Face format)",
+			Flags: []cli.Flag{
+				&cli.StringFlag{Name: "preset", Value: "tiny", Usage: "tiny (2 layers, hidden 128) or small (4 layers, hidden 256)"},
+				&cli.StringFlag{Name: "tokenizer", Usage: "tokenizer.json, or a folder holding it and tokenizer_config.json"},
+				&cli.StringFlag{Name: "out", Usage: "output folder (replaced if it exists)"},
+				&cli.Uint64Flag{Name: "seed", Value: 0, Usage: "initialisation seed"},
+				&cli.FloatFlag{Name: "init-std", Value: 0.02, Usage: "standard deviation of the weights"},
+			},
+			Action: runPolicyInit,
+		}},
+	}
+}
+
+func runPolicyInit(ctx context.Context, cmd *cli.Command) error {
+	if err := requireFlags(cmd, "tokenizer", "out"); err != nil {
+		return err
+	}
+	tokPath := cmd.String("tokenizer")
+	tok, err := tokenizer.Load(tokPath)
+	if err != nil {
+		return err
+	}
+	// Qwen2.5 pads its 151,665 ids to 151,936 embedding rows; keep that
+	// size so checkpoints match the real models' shapes.
+	vocab := int64(151936)
+	if v := int64(tok.VocabSize()); v > vocab {
+		vocab = (v + 127) / 128 * 128
+	}
+	cfg, err := hfmodel.Preset(cmd.String("preset"), vocab)
+	if err != nil {
+		return usageError{err}
+	}
+	var eos []int64
+	for _, id := range tok.StopIDs() {
+		eos = append(eos, int64(id))
+	}
+	cfg.EOSTokenIDs = eos
+	if err := setThreads(int(cmd.Root().Int("threads"))); err != nil {
+		return err
+	}
+	p, err := torchbridge.NewPolicy(cfg, torchbridge.Options{})
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	if err := p.InitRandom(cmd.Uint64("seed"), cmd.Float("init-std")); err != nil {
+		return err
+	}
+	dir := tokPath
+	if st, err := os.Stat(tokPath); err == nil && !st.IsDir() {
+		dir = filepath.Dir(tokPath)
+	}
+	for _, f := range []string{"tokenizer.json", "tokenizer_config.json"} {
+		if b, err := os.ReadFile(filepath.Join(dir, f)); err == nil {
+			p.Aux[f] = b
+		}
+	}
+	gen := map[string]any{"eos_token_id": eos, "do_sample": false}
+	if tok.PadID() >= 0 {
+		gen["pad_token_id"] = tok.PadID()
+	}
+	gb, _ := json.MarshalIndent(gen, "", "  ")
+	p.Aux["generation_config.json"] = append(gb, '\n')
+	if err := p.Save(cmd.String("out")); err != nil {
+		return err
+	}
+	slog.Info("policy initialised", "preset", cmd.String("preset"), "params", p.NumParams(), "out", cmd.String("out"))
+	return nil
+}
