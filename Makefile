@@ -34,7 +34,7 @@ LIB := build/librecal.a
 GOENV = CGO_CFLAGS="-O2 -DRECAL_LIB=$$(sha1sum $(LIB) | cut -c1-16)" CGO_LDFLAGS="$(TORCH_LDFLAGS)"
 
 # Pure-Go packages: they build and test without cgo or libtorch.
-PURE_PKGS := ./internal/... ./tokenizer/... ./data/... ./llmpool/... ./router/... ./calibration/...
+PURE_PKGS := $(foreach d,internal config generate tokenizer data llmpool router calibration,$(if $(wildcard $(d)),./$(d)/...))
 
 .PHONY: all build deps test test-pure bench train clean fixtures
 
@@ -54,13 +54,16 @@ build: deps $(LIB)
 
 test: deps $(LIB)
 	CGO_ENABLED=0 $(GO) vet $(PURE_PKGS)
+	CGO_ENABLED=0 $(GO) build $(PURE_PKGS)
 	$(GOENV) $(GO) vet ./...
 	$(GOENV) $(GO) test -count=1 ./...
 
 bench: deps $(LIB)
 	$(GOENV) $(GO) run ./bench -python $(PYTHON)
 
+# The offline default: a tiny policy created on first use, then recal.toml.
 train: build
+	@test -f runs/init/tiny/model.safetensors || ./bin/recal policy init --preset tiny --tokenizer tokenizer/qwen2.5 --out runs/init/tiny --seed 0
 	./bin/recal train --config recal.toml
 
 fixtures:
