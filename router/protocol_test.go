@@ -1,0 +1,123 @@
+package router
+
+import (
+	"math"
+	"strings"
+	"testing"
+)
+
+func TestParseAction(t *testing.T) {
+	long := strings.Repeat("é", 30000) // 60,000 bytes
+	cases := []struct {
+		name string
+		text string
+		want Action
+	}{
+		{"search", "<think>x</think><search>GPT-4o: who wrote Hamlet?</search>", Action{Kind: Search, Model: "GPT-4o", Query: "who wrote Hamlet?"}},
+		{"query keeps later colons", "<search> m : a: b </search>", Action{Kind: Search, Model: "m", Query: "a: b"}},
+		{"answer", "<think>t</think><answer> Paris </answer>", Action{Kind: Answer, Answer: "Paris"}},
+		{"first of the two wins", "<answer>A</answer><search>m: q</search>", Action{Kind: Answer, Answer: "A"}},
+		{"search before answer", "<search>m: q</search><answer>A</answer>", Action{Kind: Search, Model: "m", Query: "q"}},
+		{"unclosed search", "<think>x</think><search>m: q", Action{Kind: NoAction}},
+		{"unclosed search, closed answer", "<search>m: q <answer>A</answer>", Action{Kind: Answer, Answer: "A"}},
+		{"nested opens take the innermost", "<search>a<search>m: q</search>", Action{Kind: Search, Model: "m", Query: "q"}},
+		{"no colon", "<search>just text</search>", Action{Kind: Search, Model: "just text"}},
+		{"nothing", "hello", Action{Kind: NoAction}},
+		{"invalid utf-8", "<answer>\xff\xfeok</answer>", Action{Kind: Answer, Answer: "\uFFFDok"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := ParseAction(c.text); got != c.want {
+				t.Errorf("ParseAction(%q) = %+v, want %+v", c.text, got, c.want)
+			}
+		})
+	}
+	a := ParseAction("<search>m: " + long + "</search>")
+	if len(a.Query) > MaxQueryBytes || !strings.HasPrefix(long, a.Query) || len(a.Query) < MaxQueryBytes-4 {
+		t.Errorf("a 60,000-byte query came back with %d bytes; want it cut to at most %d at a rune boundary", len(a.Query), MaxQueryBytes)
+	}
+}
+
+func TestWellFormed(t *testing.T) {
+	known := func(m string) bool { return strings.EqualFold(m, "llama") || strings.EqualFold(m, "qwen") }
+	cases := []struct {
+		text string
+		want bool
+	}{
+		{"<think>a</think><answer>b</answer>", true},
+		{"  <think>a</think>\n<search>Llama: q</search>\n\n<information>r</information>\n\n<think>b</think><answer>c</answer>\n", true},
+		{"<think>a</think><search>llama: q</search><information>r</information><search>qwen: q2</search><information>s</information><answer>c</answer>", true},
+		{"<answer>b</answer>", false},                                                                      // no think first
+		{"<think>a</think><answer>b</answer> trailing", false},                                             // answer not at the end
+		{"<think>a</think><answer>b</answer><answer>c</answer>", false},                                    // two answers
+		{"<think>a<think>b</think></think><answer>c</answer>", false},                                      // nested
+		{"<think>a</search><answer>c</answer>", false},                                                     // unbalanced
+		{"<think>a</think><search>llama: q</search><answer>c</answer>", false},                             // search without information
+		{"<think>a</think><search>gpt: q</search><information>r</information><answer>c</answer>", false},   // unknown model
+		{"<think>a</think><search>llama:  </search><information>r</information><answer>c</answer>", false}, // empty query
+		{"<think>a</think><search>llama q</search><information>r</information><answer>c</answer>", false},  // no colon
+		{"<think>a</think><information>self-written</information><answer>c</answer>", false},               // info without search
+		{"<think>a", false},
+		{"", false},
+	}
+	for _, c := range cases {
+		if got := WellFormed(c.text, known); got != c.want {
+			t.Errorf("WellFormed(%q) = %v, want %v", c.text, got, c.want)
+		}
+	}
+}
+
+func TestRouteReward(t *testing.T) {
+	cases := []struct {
+		k, max int
+		want   float64
+	}{{0, 3, 0}, {1, 3, 1}, {2, 3, 2.0 / 3}, {3, 3, 1.0 / 3}, {1, 0, 0}}
+	for _, c := range cases {
+		if got := RouteReward(c.k, c.max); math.Abs(got-c.want) > 1e-12 {
+			t.Errorf("RouteReward(%d, %d) = %v, want %v", c.k, c.max, got, c.want)
+		}
+	}
+}
+
+func TestBalance(t *testing.T) {
+	b := NewBalance(0.9, []string{"A", "B"})
+	// No counts yet: uniform shares, so each call earns 1 − 1/2.
+	if got := b.Reward([]string{"a"}); got != 0.5 {
+		t.Errorf("first reward %v, want 0.5 from uniform shares", got)
+	}
+	b.Update([]string{"a", "a", "b"}) // counts: a 2, b 1
+	b.Update([]string{"a"})           // a 0.9·2+1 = 2.8, b 0.9
+	if math.Abs(b.Counts["a"]-2.8) > 1e-12 || math.Abs(b.Counts["b"]-0.9) > 1e-12 {
+		t.Fatalf("counts %v, want a 2.8 b 0.9", b.Counts)
+	}
+	pa := 2.8 / 3.7
+	want := ((1 - pa) + (1 - (1 - pa))) / 2 // one call to a, one to b
+	if got := b.Reward([]string{"A", "b"}); math.Abs(got-want) > 1e-12 {
+		t.Errorf("reward %v, want %v", got, want)
+	}
+	if b.Reward(nil) != 0 {
+		t.Error("no calls must earn 0")
+	}
+}
+
+func TestScore(t *testing.T) {
+	known := func(m string) bool { return m == "m" }
+	bal := NewBalance(0.9, []string{"m", "n"})
+	text := "<think>t</think><search>m: q</search>\n\n<information>It was William Shakespeare.</information>\n\n<answer>Shakespeare</answer>"
+	r := Score(text, []string{"William Shakespeare"}, []string{"m"}, 3, known, bal)
+	// ans: F1 of "shakespeare" vs "william shakespeare" = 2·(1·0.5)/(1.5) = 2/3.
+	// info: "it was william shakespeare" vs golden: p = 2/4, r = 1 → 2/3.
+	want := Rewards{Ans: 2.0 / 3, Info: 2.0 / 3, Format: 1, Route: 1, Balance: 0.5, EM: 0}
+	for _, m := range Components {
+		if math.Abs(r.Get(m)-want.Get(m)) > 1e-9 {
+			t.Errorf("%s = %v, want %v", m, r.Get(m), want.Get(m))
+		}
+	}
+	if r.EM != 0 {
+		t.Errorf("EM %v, want 0", r.EM)
+	}
+	none := Score("<think>t</think>no answer", []string{"x"}, nil, 3, known, bal)
+	if none != (Rewards{}) {
+		t.Errorf("a response without answer or calls scored %+v, want all zero", none)
+	}
+}

@@ -1,0 +1,140 @@
+package router
+
+import (
+	"sort"
+	"strings"
+
+	"github.com/recal-project/recal/data"
+)
+
+// Components are the five raw reward components of ReCal, in their fixed order.
+var Components = []string{"ans", "info", "format", "route", "balance"}
+
+// Rewards holds one response's raw reward components (before gating and
+// calibration) and the exact match beside the answer F1.
+type Rewards struct {
+	Ans     float64 `json:"ans"`     // token F1 of the last <answer> against the golden answers
+	Info    float64 `json:"info"`    // best F1 of any <information> block
+	Format  float64 `json:"format"`  // 1 if the response is well formed, else 0
+	Route   float64 `json:"route"`   // routing efficiency of the number of pool calls
+	Balance float64 `json:"balance"` // mean of 1 − p(model) over the calls, p from EMA counts
+	EM      float64 `json:"em"`      // exact match of the answer (logged, not a component)
+}
+
+// Get returns component m by name (one of Components).
+func (r Rewards) Get(m string) float64 {
+	switch m {
+	case "ans":
+		return r.Ans
+	case "info":
+		return r.Info
+	case "format":
+		return r.Format
+	case "route":
+		return r.Route
+	case "balance":
+		return r.Balance
+	}
+	return 0
+}
+
+// RouteReward is the routing-efficiency component for k pool calls with at
+// most maxTurns allowed: 0 when the pool was not used, otherwise
+// 1 − (k−1)/maxTurns, so one call earns 1 and every further call costs
+// 1/maxTurns (method.md).
+func RouteReward(k, maxTurns int) float64 {
+	if k <= 0 || maxTurns <= 0 {
+		return 0
+	}
+	return 1 - float64(k-1)/float64(maxTurns)
+}
+
+// Balance keeps exponentially decayed routing counts per pool model:
+// c⁽ᵏ⁾ ← α·c⁽ᵏ⁾ + ĉ⁽ᵏ⁾ after each step, ĉ the step's calls to model k.
+// Rewards within a step use the counts from before it.
+type Balance struct {
+	Decay  float64            `json:"decay"`  // α, ema_decay (0.9)
+	Counts map[string]float64 `json:"counts"` // c⁽ᵏ⁾ by lower-case model name
+}
+
+// NewBalance starts with zero counts for the given models.
+func NewBalance(decay float64, models []string) *Balance {
+	b := &Balance{Decay: decay, Counts: map[string]float64{}}
+	for _, m := range models {
+		b.Counts[strings.ToLower(m)] = 0
+	}
+	return b
+}
+
+// Share is p⁽ᵏ⁾ = c⁽ᵏ⁾ / Σ c. Before any call was counted (Σ c = 0) every
+// model has the uniform share 1/K.
+func (b *Balance) Share(model string) float64 {
+	var total float64
+	for _, c := range b.Counts {
+		total += c
+	}
+	if total <= 0 {
+		if len(b.Counts) == 0 {
+			return 0
+		}
+		return 1 / float64(len(b.Counts))
+	}
+	return b.Counts[strings.ToLower(model)] / total
+}
+
+// Reward is the balance component of a response that called models (one
+// entry per call, repeats allowed): the mean of 1 − p⁽ᵏ⁾, or 0 with no call.
+func (b *Balance) Reward(calls []string) float64 {
+	if len(calls) == 0 {
+		return 0
+	}
+	var s float64
+	for _, m := range calls {
+		s += 1 - b.Share(m)
+	}
+	return s / float64(len(calls))
+}
+
+// Update folds one step's calls into the counts: c ← α·c + ĉ.
+func (b *Balance) Update(calls []string) {
+	step := map[string]float64{}
+	for _, m := range calls {
+		step[strings.ToLower(m)]++
+	}
+	keys := make([]string, 0, len(b.Counts))
+	for k := range b.Counts {
+		keys = append(keys, k)
+	}
+	for k := range step {
+		if _, ok := b.Counts[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		b.Counts[k] = b.Decay*b.Counts[k] + step[k]
+	}
+}
+
+// Score computes the raw components of one finished response. text is the
+// response after the prompt (policy text and inserted <information> blocks);
+// calls are the pool models actually called, in order; known tells whether a
+// model name belongs to the pool.
+func Score(text string, golden []string, calls []string, maxTurns int, known func(string) bool, bal *Balance) Rewards {
+	var r Rewards
+	if ans, ok := LastAnswer(text); ok {
+		r.Ans = data.F1(ans, golden)
+		r.EM = data.ExactMatch(ans, golden)
+	}
+	for _, blk := range InfoBlocks(text) {
+		if f := data.F1(blk, golden); f > r.Info {
+			r.Info = f
+		}
+	}
+	if WellFormed(text, known) {
+		r.Format = 1
+	}
+	r.Route = RouteReward(len(calls), maxTurns)
+	r.Balance = bal.Reward(calls)
+	return r
+}
