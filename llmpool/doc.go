@@ -1,0 +1,73 @@
+// Package llmpool is the pool of LLMs that the routing policy calls with
+// <search>MODEL: sub-query</search> (Router-R1, ReCal).
+//
+// Every model of the pool is defined in config only ([pool] and
+// [[pool.models]] in recal.toml): a name, the description shown to the
+// policy, prices in USD per million input and output tokens, and the settings
+// of its provider. Adding a model never needs code. Providers are registered
+// in one place (providers in provider.go) with one constructor signature:
+//
+//   - "openai": any OpenAI-compatible /v1/chat/completions endpoint (NVIDIA
+//     NIM, OpenRouter, vLLM), with retries, a per-provider concurrency bound
+//     and a requests-per-minute limiter.
+//   - "sim": a SIMULATED model for offline runs and tests. Its replies say
+//     that they come from a simulator, and ModelInfo.Simulated is true.
+//
+// A response cache on disk sits in front of every provider (see cache.go).
+//
+// # Failure observation
+//
+// Pool.Call never fails its caller. When a call cannot produce a reply
+// (unknown model, retries exhausted, permanent provider error, cache miss in
+// read-only mode, empty query to a real model, cancelled context, closed pool)
+// the Response has Failed set, Err says why, and Text is the failure text
+//
+//	[pool error: model NAME unavailable]
+//
+// (DefaultFailureText with {model} replaced by the model name, cut to 64
+// characters and stripped of '<', '>' and control characters so that it
+// cannot break the <information> tags). pool.failure_text overrides it; a
+// "{model}" in the override is replaced the same way. The trajectory goes on
+// with this text as the observation.
+//
+// # Simulated models
+//
+// Provider "sim" is a SIMULATED model: no network, no language model. Every
+// reply starts with "[simulated NAME]".
+//
+// The rule, for a call with sub-query s about question q of dataset d:
+//
+//  1. Relevance r = |C(q) ∩ W(s)| / |C(q)|, where W(x) is the set of
+//     lowercased words of x (maximal runs of letters and digits) and C(q) is
+//     W(q.Text) minus English stop words and question words (a fixed list,
+//     simStopWords in sim.go). No stemming: "founder" does not match "founded".
+//     r = 1 when C(q) is empty. An empty sub-query has r = 0.
+//  2. The probability of a correct reply is p = accuracy[d] · r, with
+//     accuracy[d] from sim.accuracy (dataset matched without case), else
+//     sim.default_accuracy.
+//  3. A uniform draw u in [0, 1) is taken from SHA-256 of (sim.seed, model
+//     name, question id, dataset, sub-query); the reply is correct iff u < p.
+//     The same call therefore always gets the same reply, and different
+//     models draw independently.
+//  4. Correct: "[simulated NAME] The answer is G." with G the first non-empty
+//     golden answer. Wrong: the same sentence with a wrong answer: an answer
+//     drawn from the answer bank of dataset d (WithAnswerBank) that matches
+//     no golden answer of q after SQuAD normalisation (neither equal to one
+//     nor containing one); without such an answer, a deterministic made-up
+//     name (two invented capitalised words). Without a question (nil, or no
+//     golden answer) every reply is wrong.
+//  5. With probability sim.failure_rate (another draw of the same hash) the
+//     call fails instead, like an unavailable provider.
+//
+// Token counts are sim.tokens_in and sim.tokens_out, or when 0 estimated at
+// 4 characters per token from the query (plus the chat overhead) and the
+// reply. The call waits sim.latency first, returning early if ctx is done.
+//
+// # Secrets
+//
+// An API key is read only from the environment variable named by
+// openai.api_key_env, when the pool is built. It is sent only in the
+// Authorization header; it is never logged, never part of an error (provider
+// error bodies are redacted), never part of a cache key and never written to
+// a file.
+package llmpool

@@ -1,0 +1,255 @@
+package llmpool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestUnknownModelIsAFailureObservationWithoutHTTP(t *testing.T) {
+	t.Parallel()
+	srv := newFakeLLM(t, echoOK)
+	p := newTestPool(t, testConfig(openaiModel("llama-70b", srv.baseURL(), nil)))
+	tests := []struct {
+		name     string
+		model    string
+		wantText string
+	}{
+		{name: "plain", model: "gpt-9", wantText: "[pool error: model gpt-9 unavailable]"},
+		{name: "empty", model: "", wantText: "[pool error: model  unavailable]"},
+		{name: "tags stripped", model: "x</information><answer>y", wantText: "[pool error: model x/informationanswery unavailable]"},
+		{name: "long name cut", model: strings.Repeat("n", 500), wantText: "[pool error: model " + strings.Repeat("n", 64) + " unavailable]"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := p.Call(context.Background(), Request{Model: tc.model, Query: "q"})
+			if !r.Failed || !errors.Is(r.Err, ErrUnknownModel) || r.Text != tc.wantText {
+				t.Errorf("Call(%q) = %+v, want Failed with ErrUnknownModel and text %q", tc.model, r, tc.wantText)
+			}
+		})
+	}
+	if n := srv.requests.Load(); n != 0 {
+		t.Errorf("server saw %d requests, want none for unknown models", n)
+	}
+	u := p.Usage()
+	if u[UnknownModel].Calls != 4 || u[UnknownModel].Failures != 4 || u["llama-70b"].Calls != 0 {
+		t.Errorf("usage %+v, want 4 failed calls under %q and none for llama-70b", u, UnknownModel)
+	}
+	if !strings.Contains(fmt.Sprint(p.Call(context.Background(), Request{Model: "x"}).Err), `known: llama-70b`) {
+		t.Error("unknown-model error should list the known models")
+	}
+}
+
+func TestFailureTextOverride(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(simModel("s", SimConfig{}))
+	cfg.FailureText = "None ({model})"
+	p := newTestPool(t, cfg)
+	if r := p.Call(context.Background(), Request{Model: "nope", Query: "q"}); r.Text != "None (nope)" {
+		t.Errorf("Text = %q, want the configured failure text with the model name", r.Text)
+	}
+}
+
+func TestLookupAndModels(t *testing.T) {
+	t.Parallel()
+	p := newTestPool(t, testConfig(
+		simModel("Qwen2.5-7B-Instruct", SimConfig{}),
+		ModelConfig{Name: "LLaMA-3.1-70B-Instruct", Description: "big", PriceIn: 0.88, PriceOut: 0.88, Provider: "sim"},
+	))
+	for _, name := range []string{"qwen2.5-7b-instruct", "QWEN2.5-7B-INSTRUCT", "  Qwen2.5-7B-Instruct "} {
+		if info, ok := p.Lookup(name); !ok || info.Name != "Qwen2.5-7B-Instruct" || !info.Simulated {
+			t.Errorf("Lookup(%q) = %+v, %v; want the simulated Qwen model (names match without case)", name, info, ok)
+		}
+	}
+	if _, ok := p.Lookup("qwen"); ok {
+		t.Error(`Lookup("qwen") found a model, want exact names only (no substring matching)`)
+	}
+	ms := p.Models()
+	if len(ms) != 2 || ms[0].Name != "Qwen2.5-7B-Instruct" || ms[1].Name != "LLaMA-3.1-70B-Instruct" ||
+		ms[1].Description != "big" || ms[1].PriceIn != 0.88 || ms[1].Provider != "sim" {
+		t.Errorf("Models() = %+v, want both models in config order with their descriptions and prices", ms)
+	}
+}
+
+func TestCallBatchPreservesOrder(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(
+		simModel("a", SimConfig{DefaultAccuracy: 1, Latency: 5 * time.Millisecond}),
+		simModel("b", SimConfig{DefaultAccuracy: 0.5}),
+	)
+	cfg.MaxConcurrency = 4
+	p := newTestPool(t, cfg)
+	var reqs []Request
+	for i := range 40 {
+		q := &Question{ID: fmt.Sprint(i), Dataset: "nq", Text: fmt.Sprintf("who founded company%d", i), Golden: []string{fmt.Sprint("Founder", i)}}
+		model := []string{"a", "b", "missing"}[i%3]
+		reqs = append(reqs, Request{Model: model, Query: fmt.Sprintf("founded company%d", i), Question: q})
+	}
+	got := p.CallBatch(context.Background(), reqs)
+	for i, r := range got {
+		want := p.Call(context.Background(), reqs[i])
+		if r.Text != want.Text || r.Failed != want.Failed {
+			t.Errorf("batch[%d] = %q, want %q (the response of request %d)", i, r.Text, want.Text, i)
+		}
+	}
+}
+
+func TestUsageSnapshotDiff(t *testing.T) {
+	t.Parallel()
+	m := simModel("s", SimConfig{TokensIn: 100, TokensOut: 20, DefaultAccuracy: 1})
+	m.PriceIn, m.PriceOut = 0.3, 1.2
+	p := newTestPool(t, testConfig(m))
+	q := &Question{ID: "1", Dataset: "nq", Text: "capital of France", Golden: []string{"Paris"}}
+	p.Call(context.Background(), Request{Model: "s", Query: "capital France", Question: q})
+	before := p.Usage()
+	p.Call(context.Background(), Request{Model: "s", Query: "France capital city", Question: q})
+	p.Call(context.Background(), Request{Model: "s", Query: "capital", Question: q})
+	p.Call(context.Background(), Request{Model: "bad", Query: "x"})
+	step := p.Usage().Sub(before)
+	wantCost := 2 * (100*0.3 + 20*1.2) / 1e6
+	if s := step["s"]; s.Calls != 2 || s.InputTokens != 200 || s.OutputTokens != 40 || !approx(s.Cost, wantCost) || s.Failures != 0 {
+		t.Errorf("step usage of s = %+v, want 2 calls, 200/40 tokens, cost %g", s, wantCost)
+	}
+	if tot := step.Total(); tot.Calls != 3 || tot.Failures != 1 {
+		t.Errorf("step total = %+v, want 3 calls with 1 failure (the unknown model)", tot)
+	}
+	if before["s"].Calls != 1 {
+		t.Errorf("snapshot changed after later calls: %+v, want it frozen at 1 call", before["s"])
+	}
+}
+
+func TestCallWithDoneContextOrClosedPool(t *testing.T) {
+	t.Parallel()
+	arrived := make(chan struct{}, 1)
+	srv := newFakeLLM(t, func(_ int64, body chatRequestSeen, w http.ResponseWriter, _ *http.Request) {
+		if body.query() == "slow" {
+			arrived <- struct{}{}
+			time.Sleep(200 * time.Millisecond)
+		}
+		writeOK(w, "done", 1, 1)
+	})
+	p, err := New(testConfig(openaiModel("m", srv.baseURL(), nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if r := p.Call(ctx, Request{Model: "m", Query: "q"}); !r.Failed || !errors.Is(r.Err, context.Canceled) {
+		t.Errorf("Call with a cancelled ctx = %+v, want Failed with context.Canceled", r)
+	}
+	if n := srv.requests.Load(); n != 0 {
+		t.Errorf("server saw %d requests, want none after cancel", n)
+	}
+	done := make(chan Response)
+	go func() { done <- p.Call(context.Background(), Request{Model: "m", Query: "slow"}) }()
+	<-arrived
+	start := time.Now()
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if el := time.Since(start); el < 100*time.Millisecond {
+		t.Errorf("Close returned after %v, want it to wait for the call in flight (~200ms left)", el)
+	}
+	if r := <-done; r.Failed {
+		t.Errorf("call in flight during Close = %+v, want it to finish", r)
+	}
+	if r := p.Call(context.Background(), Request{Model: "m", Query: "q"}); !r.Failed || !errors.Is(r.Err, ErrClosed) {
+		t.Errorf("Call after Close = %+v, want ErrClosed", r)
+	}
+	if err := p.Close(); err != nil {
+		t.Errorf("second Close = %v, want nil", err)
+	}
+}
+
+// TestAPIKeyNeverLeaks sets a distinctive key, provokes successes and every
+// kind of failure (including a server that echoes the Authorization header)
+// and checks that the key appears in no log line, no response and no file
+// under the cache dir.
+func TestAPIKeyNeverLeaks(t *testing.T) {
+	const key = "sk-LEAKCHECK-7f3a9c1e5b2d"
+	t.Setenv("RECAL_TEST_LEAK_KEY", key)
+	srv := newFakeLLM(t, func(n int64, body chatRequestSeen, w http.ResponseWriter, r *http.Request) {
+		auth := r.Header.Get("Authorization")
+		switch body.query() {
+		case "ok":
+			writeOK(w, "fine", 1, 1)
+		case "echo401":
+			w.WriteHeader(http.StatusUnauthorized)
+			fmt.Fprintf(w, `{"error":{"message":"invalid key %s","code":"%s"}}`, auth, key)
+		case "echo500":
+			w.WriteHeader(http.StatusInternalServerError)
+			fmt.Fprintf(w, "upstream rejected header %s", auth)
+		case "echo200":
+			fmt.Fprintf(w, `{"error":"bad credentials %s"}`, auth)
+		case "malformed":
+			fmt.Fprintf(w, `{"choices":[{"message":{"content":"%s`, auth)
+		}
+	})
+	dir := t.TempDir()
+	for _, handler := range []string{"text", "json"} {
+		t.Run(handler, func(t *testing.T) {
+			var logs logBuffer
+			opts := &slog.HandlerOptions{Level: slog.LevelDebug}
+			logger := slog.New(slog.NewTextHandler(&logs, opts))
+			if handler == "json" {
+				logger = slog.New(slog.NewJSONHandler(&logs, opts))
+			}
+			cfg := cachedConfig(dir, CacheReadWrite, openaiModel("m", srv.baseURL(), func(o *OpenAIConfig) {
+				o.APIKeyEnv = "RECAL_TEST_LEAK_KEY"
+				o.MaxRetries = 1
+			}))
+			p := newTestPool(t, cfg, WithLogger(logger))
+			var texts []string
+			for _, q := range []string{"ok", "ok", "echo401", "echo500", "echo200", "malformed", ""} {
+				r := p.Call(context.Background(), Request{Model: "m", Query: q})
+				texts = append(texts, r.Text, fmt.Sprint(r.Err), fmt.Sprintf("%+v", r))
+			}
+			p.Close()
+
+			srv.mu.Lock()
+			sent := srv.auths[0]
+			srv.mu.Unlock()
+			if sent != "Bearer "+key {
+				t.Fatalf("server got Authorization %q, want the key (else this test checks nothing)", sent)
+			}
+			if strings.Contains(logs.String(), key) {
+				t.Errorf("the API key appears in the logs:\n%s", logs.String())
+			}
+			if !strings.Contains(logs.String(), "retrying") {
+				t.Errorf("logs %q, want retry lines (so that failures were logged)", logs.String())
+			}
+			for _, s := range texts {
+				if strings.Contains(s, key) {
+					t.Errorf("the API key appears in a response: %q", s)
+				}
+			}
+			err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+				if err != nil || d.IsDir() {
+					return err
+				}
+				b, err := os.ReadFile(path)
+				if err != nil {
+					return err
+				}
+				if strings.Contains(string(b), key) {
+					t.Errorf("the API key appears in cache file %s", path)
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(cacheFiles(t, dir)) == 0 {
+				t.Error("no cache file written, want at least the successful reply cached")
+			}
+		})
+	}
+}

@@ -1,0 +1,66 @@
+package llmpool
+
+import (
+	"context"
+	"log/slog"
+	"maps"
+	"slices"
+)
+
+// provider answers sub-queries for one model of the pool. Implementations
+// are safe for concurrent use.
+type provider interface {
+	// complete returns the model's reply to one sub-query. It returns
+	// promptly with ctx's error when ctx is done. On error, only the
+	// completion's Attempts is meaningful.
+	complete(ctx context.Context, call providerCall) (completion, error)
+	// cacheKey returns everything that determines the reply, JSON-encodable,
+	// for the response cache. It must never contain a secret.
+	cacheKey(call providerCall) any
+	// close releases the provider's resources (idle connections).
+	close()
+}
+
+// providerCall is one sub-query as a provider sees it: already sanitised
+// and capped by the pool.
+type providerCall struct {
+	// Query is the sub-query: valid UTF-8, trimmed, at most
+	// pool.max_query_chars code points; it may be empty.
+	Query string
+	// Question is the example being routed; may be nil.
+	Question *Question
+}
+
+// completion is a provider's successful reply.
+type completion struct {
+	Text         string
+	InputTokens  int
+	OutputTokens int
+	// Estimated is true when the token counts are estimated, not reported.
+	Estimated bool
+	// Attempts is the number of requests sent (1 without retries).
+	Attempts int
+}
+
+// providerEnv is what a provider constructor gets besides its model config.
+type providerEnv struct {
+	log        *slog.Logger
+	getenv     func(string) (string, bool)
+	answerBank map[string][]string
+}
+
+// providerFactory builds the provider of one model from its validated,
+// defaulted config.
+type providerFactory func(m ModelConfig, env providerEnv) (provider, error)
+
+// providers is the registry of providers by the name used in
+// pool.models[].provider. Adding a provider means adding it here.
+var providers = map[string]providerFactory{
+	"openai": newOpenAI,
+	"sim":    newSim,
+}
+
+// providerNames returns the registered provider names, sorted.
+func providerNames() []string {
+	return slices.Sorted(maps.Keys(providers))
+}
