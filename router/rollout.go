@@ -1,0 +1,352 @@
+package router
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/recal-project/recal/generate"
+	"github.com/recal-project/recal/llmpool"
+)
+
+// Config holds the routing protocol's settings ([router] in recal.toml).
+type Config struct {
+	// MaxTurns is the most pool calls per response; one final turn without
+	// routing follows them (paper: 3).
+	MaxTurns int `toml:"max_turns"`
+	// TurnTokens is the token limit of one policy turn.
+	TurnTokens int `toml:"turn_tokens"`
+	// InfoTokens is the token limit of a pool reply inside <information>
+	// (Router-R1: 600).
+	InfoTokens int `toml:"info_tokens"`
+	// PromptTemplate is the prompt template file (text/template; see
+	// router/prompt.go for its fields). Relative to the config file.
+	PromptTemplate string `toml:"prompt_template"`
+}
+
+// DefaultConfig is the paper's protocol.
+func DefaultConfig() Config {
+	return Config{MaxTurns: 3, TurnTokens: 256, InfoTokens: 600, PromptTemplate: "router/prompt.tmpl"}
+}
+
+// Validate names the first bad key.
+func (c Config) Validate() error {
+	switch {
+	case c.MaxTurns < 0:
+		return fmt.Errorf("router.max_turns = %d: must be ≥ 0", c.MaxTurns)
+	case c.TurnTokens < 1:
+		return fmt.Errorf("router.turn_tokens = %d: must be ≥ 1", c.TurnTokens)
+	case c.InfoTokens < 1:
+		return fmt.Errorf("router.info_tokens = %d: must be ≥ 1", c.InfoTokens)
+	}
+	return nil
+}
+
+// Capacity is the most tokens a response can add after its prompt.
+func (c Config) Capacity() int {
+	const wrap = 16 // "\n\n<information>" and "</information>\n\n"
+	return (c.MaxTurns+1)*c.TurnTokens + c.MaxTurns*(c.InfoTokens+wrap)
+}
+
+// Tokenizer is what a rollout needs of the tokenizer.
+type Tokenizer interface {
+	generate.Detokenizer
+	Encode(text string) []int
+	Decode(ids []int) string
+}
+
+// Pool is what a rollout needs of the LLM pool (*llmpool.Pool).
+type Pool interface {
+	Call(ctx context.Context, req llmpool.Request) llmpool.Response
+	Lookup(name string) (llmpool.ModelInfo, bool)
+}
+
+// Call records one pool call of a response.
+type Call struct {
+	Model   string        `json:"model"` // pool name, or what the policy wrote when unknown
+	Query   string        `json:"query"`
+	Reply   string        `json:"reply"` // the reply or failure text, as inserted (before token cut)
+	Failed  bool          `json:"failed"`
+	Unknown bool          `json:"unknown,omitempty"` // the name matched no pool model: no call was made
+	Cached  bool          `json:"cached,omitempty"`
+	Cost    float64       `json:"cost"`
+	Latency time.Duration `json:"latency_ns"`
+	Turn    int           `json:"turn"`
+}
+
+// UnknownModelText is the observation for a <search> naming no pool model.
+const UnknownModelText = "[router: unknown model %q; the pool has: %s]"
+
+// Job is one response to roll out: a question and its prompt tokens.
+type Job struct {
+	Question llmpool.Question
+	Prompt   []int32
+}
+
+// Sample is one finished response.
+type Sample struct {
+	Tokens []int32   // response tokens after the prompt: the policy's and the inserted <information> blocks
+	Mask   []float32 // 1 for tokens the policy wrote (they train), 0 for <information> blocks
+	Logp   []float32 // log-probability of each policy token at sampling time (0 for inserted tokens)
+	Text   string    // the decoded response
+	Calls  []Call
+	Turns  int    // policy turns generated
+	End    string // why it ended: "answer", "eos", "length" (turn limit without action), "final" (search in the final turn), "context"
+}
+
+// CalledModels lists the pool models actually called, in order.
+func (s *Sample) CalledModels() []string {
+	var out []string
+	for _, c := range s.Calls {
+		if !c.Unknown {
+			out = append(out, c.Model)
+		}
+	}
+	return out
+}
+
+// Stats describe where a rollout's time went.
+type Stats struct {
+	Wall       time.Duration // the whole rollout
+	Decode     time.Duration // time inside Decoder.Extend
+	SlowestSum time.Duration // Σ over turns of the slowest pool call of that turn
+	Calls      int
+}
+
+// CriticalPath is decode time plus the slowest call of every turn: what a
+// rollout that overlaps everything else could not beat.
+func (s Stats) CriticalPath() time.Duration { return s.Decode + s.SlowestSum }
+
+// Rollout runs the routing protocol for jobs on rows 0..len(jobs)-1 of a
+// decoder whose rows are empty: generate until </search>, </answer>, EOS or
+// the turn's token limit; act on the turn's first <search> or <answer>; call
+// the named pool model (concurrently: rows that are not waiting keep
+// decoding); append "\n\n<information>REPLY</information>\n\n"; continue.
+// After cfg.MaxTurns calls comes one final turn without routing.
+func Rollout(ctx context.Context, dec generate.Decoder, tok Tokenizer, pool Pool, cfg Config, jobs []Job,
+	s generate.Sampling, eos []int32, seed uint64) ([]Sample, Stats, error) {
+	start := time.Now()
+	var st Stats
+	type reply struct {
+		row  int
+		call Call
+	}
+	type row struct {
+		feed      []int32 // tokens for the next Extend (prompt, info block, or the last sampled token)
+		turnText  []byte
+		turnToks  int
+		waiting   bool
+		done      bool
+		callsMade int // <search> turns acted on (known or not)
+	}
+	rows := make([]row, len(jobs))
+	out := make([]Sample, len(jobs))
+	for i, j := range jobs {
+		if len(j.Prompt) == 0 {
+			return nil, st, fmt.Errorf("router: job %d: empty prompt", i)
+		}
+		rows[i].feed = j.Prompt
+	}
+	replies := make(chan reply, len(jobs))
+	pending := 0
+	// Per turn index, the slowest call so far (for the critical path).
+	slowest := map[int]time.Duration{}
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	infoOpen, infoClose := toInt32(tok.Encode("\n\n"+InfoOpen)), toInt32(tok.Encode(InfoClose+"\n\n"))
+	stops := []string{SearchClose, AnswerClose}
+	calls := uint64(0)
+
+	extend := func(idx []int) error {
+		if len(idx) == 0 {
+			return nil
+		}
+		toks := make([][]int32, len(idx))
+		for k, i := range idx {
+			toks[k] = rows[i].feed
+		}
+		t0 := time.Now()
+		next, logp, err := dec.Extend(ctx, idx, toks, s, seed+calls)
+		st.Decode += time.Since(t0)
+		calls++
+		if err != nil {
+			return err
+		}
+		for k, i := range idx {
+			r, o := &rows[i], &out[i]
+			r.feed = nil
+			t := next[k]
+			o.Tokens = append(o.Tokens, t)
+			o.Mask = append(o.Mask, 1)
+			o.Logp = append(o.Logp, logp[k])
+			r.turnToks++
+			if isIn(t, eos) {
+				r.done, o.End = true, "eos"
+				o.Turns++
+				continue
+			}
+			before := len(r.turnText)
+			r.turnText = append(r.turnText, tok.TokenBytes(int(t))...)
+			_, stopped := stopIn(r.turnText, before, stops)
+			if !stopped && r.turnToks < cfg.TurnTokens {
+				r.feed = []int32{t}
+				continue
+			}
+			// The turn is over: act on its first complete action.
+			o.Turns++
+			a := ParseAction(string(r.turnText))
+			r.turnText, r.turnToks = nil, 0
+			switch {
+			case a.Kind == Answer:
+				r.done, o.End = true, "answer"
+			case a.Kind == Search && r.callsMade >= cfg.MaxTurns:
+				r.done, o.End = true, "final"
+			case a.Kind == Search:
+				turn := r.callsMade
+				r.callsMade++
+				r.waiting = true
+				pending++
+				q := jobs[i].Question
+				go func(i int) {
+					replies <- reply{i, callPool(cctx, pool, a, &q, turn)}
+				}(i)
+			default:
+				r.done, o.End = true, "length"
+			}
+		}
+		return nil
+	}
+
+	for {
+		// Fold in pool replies that have arrived, without waiting.
+		for drained := false; !drained; {
+			select {
+			case rp := <-replies:
+				pending--
+				r, o := &rows[rp.row], &out[rp.row]
+				r.waiting = false
+				o.Calls = append(o.Calls, rp.call)
+				if !rp.call.Unknown {
+					st.Calls++
+					slowest[rp.call.Turn] = max(slowest[rp.call.Turn], rp.call.Latency)
+				}
+				body := tok.Encode(sanitizeReply(rp.call.Reply))
+				if len(body) > cfg.InfoTokens {
+					body = body[:cfg.InfoTokens]
+				}
+				block := append(append(append([]int32{}, infoOpen...), toInt32(body)...), infoClose...)
+				o.Tokens = append(o.Tokens, block...)
+				o.Mask = append(o.Mask, make([]float32, len(block))...)
+				o.Logp = append(o.Logp, make([]float32, len(block))...)
+				r.feed = block
+			default:
+				drained = true
+			}
+		}
+		// Rows just given an <information> block go in their own call, so a
+		// long block does not pad every single-token row of the step.
+		var multi, single []int
+		for i := range rows {
+			switch {
+			case rows[i].done || rows[i].waiting || rows[i].feed == nil:
+			case len(rows[i].feed) > 1:
+				multi = append(multi, i)
+			default:
+				single = append(single, i)
+			}
+		}
+		if len(multi)+len(single) == 0 {
+			if pending == 0 {
+				break
+			}
+			// Everyone left is waiting on the pool.
+			select {
+			case rp := <-replies:
+				replies <- rp // handled at the top of the loop
+			case <-ctx.Done():
+				return nil, st, ctx.Err()
+			}
+			continue
+		}
+		if err := extend(multi); err != nil {
+			return nil, st, err
+		}
+		if err := extend(single); err != nil {
+			return nil, st, err
+		}
+	}
+	for i := range out {
+		out[i].Text = tok.Decode(toInts(out[i].Tokens))
+	}
+	for _, d := range slowest {
+		st.SlowestSum += d
+	}
+	st.Wall = time.Since(start)
+	return out, st, nil
+}
+
+// callPool makes one call for a <search> action; an unknown model name gets
+// a failure observation and no call.
+func callPool(ctx context.Context, pool Pool, a Action, q *llmpool.Question, turn int) Call {
+	info, ok := pool.Lookup(a.Model)
+	if !ok {
+		return Call{Model: a.Model, Query: a.Query, Turn: turn, Failed: true, Unknown: true,
+			Reply: fmt.Sprintf(UnknownModelText, truncate(a.Model, 64), "see the model list in the prompt")}
+	}
+	resp := pool.Call(ctx, llmpool.Request{Model: info.Name, Query: a.Query, Question: q})
+	return Call{Model: info.Name, Query: a.Query, Reply: resp.Text, Failed: resp.Failed, Cached: resp.Cached,
+		Cost: resp.Cost, Latency: resp.Latency, Turn: turn}
+}
+
+// sanitizeReply trims a pool reply and removes protocol tags from it, so an
+// untrusted reply can neither close the <information> block nor fake an
+// action.
+func sanitizeReply(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	for changed := true; changed; { // removing one tag can join the halves of another
+		changed = false
+		for _, t := range []string{ThinkOpen, ThinkClose, SearchOpen, SearchClose, InfoOpen, InfoClose, AnswerOpen, AnswerClose} {
+			if strings.Contains(s, t) {
+				s, changed = strings.ReplaceAll(s, t, ""), true
+			}
+		}
+	}
+	return strings.TrimSpace(s)
+}
+
+func stopIn(text []byte, before int, stops []string) (string, bool) {
+	for _, s := range stops {
+		from := max(0, before-len(s)+1)
+		if bytes.Contains(text[from:], []byte(s)) {
+			return s, true
+		}
+	}
+	return "", false
+}
+
+func isIn(t int32, set []int32) bool {
+	for _, e := range set {
+		if t == e {
+			return true
+		}
+	}
+	return false
+}
+
+func toInt32(v []int) []int32 {
+	out := make([]int32, len(v))
+	for i, x := range v {
+		out[i] = int32(x)
+	}
+	return out
+}
+
+func toInts(v []int32) []int {
+	out := make([]int, len(v))
+	for i, x := range v {
+		out[i] = int(x)
+	}
+	return out
+}
