@@ -418,14 +418,14 @@ int rc_policy_set_trainable(rc_policy* p, int32_t trainable, char** err) {
 }
 
 int rc_policy_score(rc_policy* p, int64_t batch, int64_t len, const int32_t* tokens, const int64_t* lengths,
-                    float* logp, float* entropy, char** err) {
+                    const float* mask, float* logp, float* entropy, char** err) {
   return guarded(err, [&] {
     torch::NoGradGuard ng;
     check_tokens(*p, batch * len, tokens);
     if (logp) std::memset(logp, 0, sizeof(float) * batch * len);
     if (entropy) std::memset(entropy, 0, sizeof(float) * batch * len);
     auto tok = device_tensor(*p, tokens, {batch, len}, torch::kInt32).to(torch::kLong);
-    auto idx = scored_positions(*p, batch, len, lengths, nullptr);
+    auto idx = scored_positions(*p, batch, len, lengths, mask);
     if (idx.numel() == 0) return;
     auto h = forward_full(*p, tok).reshape({batch * len, -1}).index_select(0, idx);
     auto targets = tok.reshape({-1}).roll(-1).index_select(0, idx);

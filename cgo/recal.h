@@ -82,11 +82,12 @@ int rc_policy_set_trainable(rc_policy* p, int32_t trainable, char** err);
 /* Per-token scoring of full sequences under no-grad. tokens is [batch, len]
  * row-major; lengths[b] is the valid length of row b (the rest is padding).
  * For t in [0, len-1): logp[b, t] = log p(tokens[b, t+1] | tokens[b, :t+1]),
- * entropy[b, t] = entropy of that next-token distribution; positions past
- * lengths[b]-1 are written as 0. Either output may be NULL. Output shape is
- * [batch, len] with the last column 0. */
+ * entropy[b, t] = entropy of that next-token distribution. When mask is not
+ * NULL only positions with mask[b, t] > 0 are computed (the output head is
+ * the costly part). Other positions, and those past lengths[b]-1, are 0.
+ * Either output may be NULL. Output shape is [batch, len]. */
 int rc_policy_score(rc_policy* p, int64_t batch, int64_t len, const int32_t* tokens, const int64_t* lengths,
-                    float* logp, float* entropy, char** err);
+                    const float* mask, float* logp, float* entropy, char** err);
 
 /* Hyper-parameters of the clipped policy-gradient loss. */
 typedef struct rc_loss_opts {

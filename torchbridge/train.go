@@ -47,16 +47,32 @@ func (pd padded) shift(b int, v []float32, out []float32) {
 // its prefix and the entropy of the distribution it was drawn from, indexed by
 // token (index 0, which has no prefix, is 0). No gradients are kept.
 func (p *Policy) Score(ctx context.Context, seqs [][]int32) (logp, entropy [][]float32, err error) {
+	return p.ScoreMasked(ctx, seqs, nil)
+}
+
+// ScoreMasked is Score computed only for tokens whose mask is > 0 (masks is
+// indexed like seqs; nil scores every token); the others are 0.
+func (p *Policy) ScoreMasked(ctx context.Context, seqs [][]int32, masks [][]float32) (logp, entropy [][]float32, err error) {
 	pd, err := pad(seqs)
 	if err != nil {
 		return nil, nil, err
+	}
+	var cmask []float32
+	if masks != nil {
+		cmask = make([]float32, pd.batch*pd.width)
+		for b := range seqs {
+			if len(masks[b]) != len(seqs[b]) {
+				return nil, nil, fmt.Errorf("torchbridge: sequence %d: mask has %d entries for %d tokens", b, len(masks[b]), len(seqs[b]))
+			}
+			pd.shift(b, masks[b], cmask)
+		}
 	}
 	lp := make([]float32, pd.batch*pd.width)
 	en := make([]float32, pd.batch*pd.width)
 	err = p.call(ctx, func(h *C.rc_policy) error {
 		var msg *C.char
 		rc := C.rc_policy_score(h, C.int64_t(pd.batch), C.int64_t(pd.width), ptrI32(pd.tokens), ptrI64(pd.lengths),
-			ptrF32(lp), ptrF32(en), &msg)
+			ptrF32(cmask), ptrF32(lp), ptrF32(en), &msg)
 		return status(rc, msg)
 	})
 	if err != nil {
