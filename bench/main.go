@@ -30,6 +30,8 @@ const (
 	trainLen     = 256
 )
 
+var headChunk int
+
 type result struct {
 	Preset    string  `json:"preset"`
 	Prefill   float64 `json:"prefill_tok_s"`
@@ -42,6 +44,7 @@ func main() {
 	python := flag.String("python", "/usr/bin/python3", "Python with torch for the reference run; empty skips it")
 	threads := flag.Int("threads", runtime.NumCPU(), "CPU threads for both engines")
 	presets := flag.String("presets", "tiny,small", "comma-separated presets")
+	flag.IntVar(&headChunk, "head-chunk", 0, "tokens per output-head chunk in the train step (0 = the engine's default)")
 	flag.Parse()
 	if err := torchbridge.SetThreads(*threads); err != nil {
 		fail(err)
@@ -190,7 +193,7 @@ func measure(preset string) (result, error) {
 		}
 		seqs[i] = s
 	}
-	opt := torchbridge.LossOptions{ClipEps: 0.2, Scale: 1.0 / float64(trainBatch*trainLen)}
+	opt := torchbridge.LossOptions{ClipEps: 0.2, Scale: 1.0 / float64(trainBatch*trainLen), HeadChunk: headChunk}
 	adam := torchbridge.AdamW{LR: 1e-5, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: 0.01, MaxGradNorm: 1}
 	res.Train = perSecond(trainBatch*trainLen, func(b *testing.B) {
 		for i := 0; i < b.N; i++ {

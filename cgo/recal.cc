@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -214,26 +215,63 @@ void check_tokens(const rc_policy& p, int64_t n, const int32_t* tokens) {
       fail("token id " + std::to_string(tokens[i]) + " outside the vocabulary [0, " + std::to_string(p.cfg.vocab_size) + ")");
 }
 
-// Log-probabilities of targets and entropies for hidden states h [N, H],
-// computed in chunks of `chunk` rows to bound the [chunk, vocab] logits.
-void head_logp(const rc_policy& p, const Tensor& h, const Tensor& targets, int64_t chunk, Tensor& logp, Tensor& ent) {
+// The output head, fused and chunked. For hidden states h [N, H] (no
+// autograd) and targets [N], each chunk of rows computes its [chunk, vocab]
+// logits once, then log p(target), the entropy and, when coef is given, the
+// gradient of a per-token loss L(logp) analytically:
+//   dL/dlogits = c · (onehot(target) − softmax) + e · softmax ⊙ (log softmax + H)
+// where c = dL/dlogp (from coef) and e the entropy-bonus weight per token.
+// The head weight's gradient is accumulated into its .grad and dL/dh is
+// returned, so autograd never stores a [tokens, vocab] tensor.
+struct HeadGrad {
+  // Per-token dL/dlogp for a chunk [s, s+n) given its log-probs and entropies.
+  std::function<Tensor(int64_t s, int64_t n, const Tensor& lp, const Tensor& ent)> coef;
+  // Per-token weight of −H in the loss (entropy bonus); undefined for none.
+  Tensor ent_weight;
+};
+
+void head(rc_policy& p, const Tensor& h, const Tensor& targets, int64_t chunk, Tensor& logp, Tensor& ent,
+          const HeadGrad* grad, Tensor* hgrad) {
+  torch::NoGradGuard ng;
   auto N = h.size(0);
-  std::vector<Tensor> lps, ents;
+  auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(p.device);
+  logp = torch::zeros({N}, f32);
+  ent = torch::zeros({N}, f32);
+  const auto& W = p.P(p.lm_head);
+  if (grad) {
+    *hgrad = torch::zeros_like(h);
+    if (!W.grad().defined()) W.mutable_grad() = torch::zeros_like(W);
+  }
   for (int64_t s = 0; s < N; s += chunk) {
-    auto len = std::min(chunk, N - s);
-    auto logits = torch::linear(h.narrow(0, s, len), p.P(p.lm_head)).to(torch::kFloat32);
-    auto lsm = torch::log_softmax(logits, -1);
-    lps.push_back(lsm.gather(1, targets.narrow(0, s, len).unsqueeze(1)).squeeze(1));
-    ents.push_back(-(lsm.exp() * lsm).sum(-1));
+    auto n = std::min(chunk, N - s);
+    auto hc = h.narrow(0, s, n);
+    auto tg = targets.narrow(0, s, n).unsqueeze(1);
+    auto x = torch::linear(hc, W).to(torch::kFloat32);  // logits, shifted in place below
+    x.sub_(std::get<0>(x.max(1, true)));
+    auto e = x.exp();                                  // unnormalised probabilities
+    auto se = e.sum(1);
+    auto lse = se.log();
+    auto lp = x.gather(1, tg).squeeze(1) - lse;
+    // H = lse − Σ p·x, with Σ e·x as a batched dot product (no temporary).
+    auto ex = torch::bmm(e.unsqueeze(1), x.unsqueeze(2)).view({n});
+    auto H = lse - ex / se;
+    logp.narrow(0, s, n).copy_(lp);
+    ent.narrow(0, s, n).copy_(H);
+    if (!grad) continue;
+    auto c = grad->coef(s, n, lp, H);
+    e.div_(se.unsqueeze(1));  // softmax
+    if (grad->ent_weight.defined()) {
+      auto w = grad->ent_weight.narrow(0, s, n).unsqueeze(1);
+      x.sub_(lse.unsqueeze(1)).add_(H.unsqueeze(1)).mul_(w).sub_(c.unsqueeze(1));
+      e.mul_(x);
+    } else {
+      e.mul_(-c.unsqueeze(1));
+    }
+    e.scatter_add_(1, tg, c.unsqueeze(1));
+    auto g = e.to(W.scalar_type());
+    hgrad->narrow(0, s, n).copy_(torch::matmul(g, W));
+    W.mutable_grad().addmm_(g.t(), hc);
   }
-  if (lps.empty()) {
-    auto z = torch::zeros({0}, torch::TensorOptions().dtype(torch::kFloat32).device(p.device));
-    logp = z;
-    ent = z;
-    return;
-  }
-  logp = torch::cat(lps);
-  ent = torch::cat(ents);
 }
 
 void set_trainable(rc_policy& p, bool on) {
@@ -430,7 +468,7 @@ int rc_policy_score(rc_policy* p, int64_t batch, int64_t len, const int32_t* tok
     auto h = forward_full(*p, tok).reshape({batch * len, -1}).index_select(0, idx);
     auto targets = tok.reshape({-1}).roll(-1).index_select(0, idx);
     Tensor lp, ent;
-    head_logp(*p, h, targets, 1024, lp, ent);
+    head(*p, h, targets, 256, lp, ent, nullptr, nullptr);
     auto idx_cpu = idx.to(torch::kCPU);
     auto ii = idx_cpu.accessor<int64_t, 1>();
     auto lpc = lp.to(torch::kCPU).contiguous(), entc = ent.to(torch::kCPU).contiguous();
@@ -462,54 +500,48 @@ int rc_policy_backward(rc_policy* p, int64_t batch, int64_t len, const int32_t* 
     Tensor old = old_logp ? device_tensor(*p, old_logp, {batch * len}, f32).index_select(0, idx) : Tensor();
     Tensor ref = ref_logp ? device_tensor(*p, ref_logp, {batch * len}, f32).index_select(0, idx) : Tensor();
 
-    // The trunk runs once; the lm_head and loss run in chunks on a detached
-    // copy of the hidden states so that only one chunk of [chunk, vocab]
-    // logits is alive at a time. Their gradient flows back in one call.
+    // The trunk runs once with autograd; the output head and the loss run in
+    // chunks outside it (see head()), and dL/dh flows back in one call.
     auto h = forward_full(*p, tok).reshape({batch * len, -1}).index_select(0, idx);
-    auto hd = h.detach().requires_grad_(true);
-    auto chunk = o->head_chunk > 0 ? o->head_chunk : 1024;
-    double loss_sum = 0, clipped = 0, kl_sum = 0, ent_sum = 0, ratio_sum = 0;
-    for (int64_t s = 0; s < N; s += chunk) {
-      auto n = std::min(chunk, N - s);
-      auto logits = torch::linear(hd.narrow(0, s, n), p->P(p->lm_head)).to(f32);
-      auto lsm = torch::log_softmax(logits, -1);
-      auto lp = lsm.gather(1, targets.narrow(0, s, n).unsqueeze(1)).squeeze(1);
-      auto ws = w.narrow(0, s, n);
-      auto as = a.narrow(0, s, n);
-      auto ratio = old.defined() ? torch::exp(lp - old.narrow(0, s, n)) : torch::exp(lp - lp.detach());
-      auto pg1 = ratio * as;
-      auto pg2 = torch::clamp(ratio, 1.0 - o->clip_eps, 1.0 + o->clip_eps) * as;
+    auto chunk = o->head_chunk > 0 ? o->head_chunk : 256;
+    auto eps = o->clip_eps, klc = o->kl_coef, sc = o->scale;
+    auto ws = w * sc;
+    Tensor ratio_all = torch::zeros({N}, torch::TensorOptions().dtype(f32).device(p->device));
+    Tensor clip_all = torch::zeros_like(ratio_all), kl_all = torch::zeros_like(ratio_all), loss_all = torch::zeros_like(ratio_all);
+    HeadGrad hg;
+    hg.coef = [&](int64_t s, int64_t n, const Tensor& lp, const Tensor& H) {
+      auto as = a.narrow(0, s, n), wn = ws.narrow(0, s, n);
+      auto ratio = old.defined() ? torch::exp(lp - old.narrow(0, s, n)) : torch::ones_like(lp);
+      auto pg1 = ratio * as, pg2 = torch::clamp(ratio, 1.0 - eps, 1.0 + eps) * as;
+      auto through = (pg1 <= pg2).to(f32);  // the min takes the unclipped term: gradient flows
+      auto c = -as * ratio * through;        // d(−min(ρA, clip(ρ)A))/dlogp
       auto per_tok = -torch::min(pg1, pg2);
-      Tensor ent;
-      if (o->entropy_coef != 0) {
-        ent = -(lsm.exp() * lsm).sum(-1);
-        per_tok = per_tok - o->entropy_coef * ent;
-      } else {
-        torch::NoGradGuard ng;
-        ent = -(lsm.exp() * lsm).sum(-1);
-      }
-      Tensor kl;
       if (ref.defined()) {
         auto d = ref.narrow(0, s, n) - lp;
-        kl = torch::exp(d) - d - 1;
-        if (o->kl_coef != 0) per_tok = per_tok + o->kl_coef * kl;
+        auto kl = torch::exp(d) - d - 1;
+        kl_all.narrow(0, s, n).copy_(kl);
+        if (klc != 0) {
+          c = c + klc * (1 - torch::exp(d));
+          per_tok = per_tok + klc * kl;
+        }
       }
-      auto loss = (per_tok * ws).sum() * o->scale;
-      loss.backward();
-      torch::NoGradGuard ng;
-      loss_sum += loss.item<double>();
-      clipped += ((pg2 < pg1).to(f32) * ws).sum().item<double>();
-      ent_sum += (ent.detach() * ws).sum().item<double>();
-      ratio_sum += (ratio.detach() * ws).sum().item<double>();
-      if (kl.defined()) kl_sum += (kl.detach() * ws).sum().item<double>();
-    }
-    torch::autograd::backward({h}, {hd.grad()});
-    stats->loss = loss_sum;
+      if (o->entropy_coef != 0) per_tok = per_tok - o->entropy_coef * H;
+      ratio_all.narrow(0, s, n).copy_(ratio);
+      clip_all.narrow(0, s, n).copy_(1 - through);
+      loss_all.narrow(0, s, n).copy_(per_tok * wn);
+      return c * wn;
+    };
+    if (o->entropy_coef != 0) hg.ent_weight = ws * o->entropy_coef;
+    Tensor lp, ent, hgrad;
+    head(*p, h.detach(), targets, chunk, lp, ent, &hg, &hgrad);
+    torch::autograd::backward({h}, {hgrad});
+    torch::NoGradGuard ng;
+    stats->loss = loss_all.sum().item<double>();
     stats->tokens = w.sum().item<double>();
-    stats->clipped = clipped;
-    stats->kl = kl_sum;
-    stats->entropy = ent_sum;
-    stats->ratio = ratio_sum;
+    stats->clipped = (clip_all * w).sum().item<double>();
+    stats->kl = (kl_all * w).sum().item<double>();
+    stats->entropy = (ent * w).sum().item<double>();
+    stats->ratio = (ratio_all * w).sum().item<double>();
   });
 }
 
@@ -527,19 +559,13 @@ int rc_policy_backward_nll(rc_policy* p, int64_t batch, int64_t len, const int32
     auto targets = tok.reshape({-1}).roll(-1).index_select(0, idx);
     auto w = device_tensor(*p, mask, {batch * len}, torch::kFloat32).index_select(0, idx);
     auto h = forward_full(*p, tok).reshape({batch * len, -1}).index_select(0, idx);
-    auto hd = h.detach().requires_grad_(true);
-    auto chunk = head_chunk > 0 ? head_chunk : 1024;
-    double sum = 0;
-    for (int64_t s = 0; s < N; s += chunk) {
-      auto n = std::min(chunk, N - s);
-      auto logits = torch::linear(hd.narrow(0, s, n), p->P(p->lm_head)).to(torch::kFloat32);
-      auto lp = torch::log_softmax(logits, -1).gather(1, targets.narrow(0, s, n).unsqueeze(1)).squeeze(1);
-      auto tok_nll = -(lp * w.narrow(0, s, n)).sum();
-      (tok_nll * scale).backward();
-      sum += tok_nll.item<double>();
-    }
-    torch::autograd::backward({h}, {hd.grad()});
-    *nll = sum;
+    HeadGrad hg;
+    hg.coef = [&](int64_t s, int64_t n, const Tensor& lp, const Tensor& H) { return -w.narrow(0, s, n) * scale; };
+    Tensor lp, ent, hgrad;
+    head(*p, h.detach(), targets, head_chunk > 0 ? head_chunk : 256, lp, ent, &hg, &hgrad);
+    torch::autograd::backward({h}, {hgrad});
+    torch::NoGradGuard ng;
+    *nll = -(lp * w).sum().item<double>();
   });
 }
 
@@ -714,7 +740,7 @@ int rc_cache_extend(rc_cache* c, int64_t n, const int64_t* rows, int64_t width, 
     // Only the last new position of each row needs logits.
     auto last = x.gather(1, (ct - 1).view({n, 1, 1}).expand({n, 1, x.size(2)})).squeeze(1);
     auto logits = torch::linear(rms_norm(last, p.P(p.norm), p.cfg.rms_norm_eps), p.P(p.lm_head)).to(torch::kFloat32);
-    auto lsm = torch::log_softmax(logits, -1);
+    auto lse = torch::logsumexp(logits, -1);  // log-probs without a [rows, vocab] log_softmax
     Tensor next;
     if (so->temperature <= 0) {
       next = logits.argmax(-1);
@@ -741,7 +767,7 @@ int rc_cache_extend(rc_cache* c, int64_t n, const int64_t* rows, int64_t width, 
       }
       next = torch::multinomial(probs, 1, false, gen).squeeze(1);
     }
-    auto nlp = lsm.gather(1, next.unsqueeze(1)).squeeze(1);
+    auto nlp = logits.gather(1, next.unsqueeze(1)).squeeze(1) - lse;
     auto next_cpu = next.to(torch::kCPU).to(torch::kInt32).contiguous();
     auto nlp_cpu = nlp.to(torch::kCPU).contiguous();
     std::memcpy(out_tokens, next_cpu.data_ptr(), sizeof(int32_t) * n);

@@ -264,3 +264,82 @@ func TestAdamWLearns(t *testing.T) {
 		}
 	}
 }
+
+// The GRPO loss's gradient (clipped ratio, k3 KL, entropy bonus) matches
+// finite differences of the loss it reports.
+func TestPolicyGradientFiniteDifferences(t *testing.T) {
+	ctx := context.Background()
+	const vocab = 37
+	p := newTiny(t, vocab, true, 9)
+	r := rand.New(rand.NewSource(4))
+	var seqs []torchbridge.Sequence
+	for i, n := range []int{11, 8} {
+		s := torchbridge.Sequence{Tokens: randomSeq(r, n, vocab), Advantage: []float32{1.3, -0.7}[i]}
+		s.Mask = make([]float32, n)
+		for j := 2; j < n; j++ {
+			s.Mask[j] = 1
+		}
+		seqs = append(seqs, s)
+	}
+	toks := [][]int32{seqs[0].Tokens, seqs[1].Tokens}
+	lp, _, err := p.Score(ctx, toks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Old and reference log-probs near the current ones: some ratios fall
+	// outside [1−ε, 1+ε], so clipping is exercised on both sides.
+	for i := range seqs {
+		seqs[i].OldLogp = make([]float32, len(lp[i]))
+		seqs[i].RefLogp = make([]float32, len(lp[i]))
+		for j := range lp[i] {
+			seqs[i].OldLogp[j] = lp[i][j] + float32(r.NormFloat64()*0.3)
+			seqs[i].RefLogp[j] = lp[i][j] + float32(r.NormFloat64()*0.5)
+		}
+	}
+	opt := torchbridge.LossOptions{ClipEps: 0.2, KLCoef: 0.3, EntropyCoef: 0.05, Scale: 1.0 / 15}
+	lossAt := func() float64 {
+		st, err := p.Backward(ctx, seqs, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.ZeroGrad(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return st.Loss
+	}
+	st, err := p.Backward(ctx, seqs, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Clipped == 0 || st.Clipped == st.Tokens {
+		t.Fatalf("%v of %v tokens clipped: the test should exercise both branches", st.Clipped, st.Tokens)
+	}
+	grads := map[string][]float32{}
+	for _, pr := range p.Params() {
+		grads[pr.Name] = getF32(t, p, "grad/"+pr.Name, pr.Numel())
+	}
+	if err := p.ZeroGrad(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, pr := range p.Params() {
+		w := getF32(t, p, pr.Name, pr.Numel())
+		for k := 0; k < 3; k++ {
+			i := r.Int63n(pr.Numel())
+			const h = 5e-3
+			orig := w[i]
+			w[i] = orig + h
+			setF32(t, p, pr.Name, w)
+			up := lossAt()
+			w[i] = orig - h
+			setF32(t, p, pr.Name, w)
+			down := lossAt()
+			w[i] = orig
+			setF32(t, p, pr.Name, w)
+			fd := (up - down) / (2 * h)
+			g := float64(grads[pr.Name][i])
+			if math.Abs(fd-g) > 1e-3+0.05*math.Abs(fd) {
+				t.Errorf("%s[%d]: gradient %.6f, finite difference %.6f", pr.Name, i, g, fd)
+			}
+		}
+	}
+}
