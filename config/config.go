@@ -12,11 +12,93 @@ import (
 	"strings"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/recal-project/recal/calibration"
+	"github.com/recal-project/recal/data"
+	"github.com/recal-project/recal/llmpool"
+	"github.com/recal-project/recal/router"
 )
 
-// Config is the whole configuration.
+// Config is the whole configuration. Each table's fields are documented
+// where the type is defined.
 type Config struct {
-	Policy Policy `toml:"policy"`
+	Policy      Policy             `toml:"policy"`
+	Data        data.Config        `toml:"data"`
+	Pool        llmpool.Config     `toml:"pool"`
+	Router      router.Config      `toml:"router"`
+	Calibration calibration.Config `toml:"calibration"`
+	Train       Train              `toml:"train"`
+	SFT         SFT                `toml:"sft"`
+	Eval        Eval               `toml:"eval"`
+}
+
+// Train configures GRPO training ([train]). Paper defaults: batch 64,
+// group 4, 150 steps, lr 1e-6, temperature 1.0.
+type Train struct {
+	// Seed fixes the data order and every sampling draw of the run.
+	Seed int64 `toml:"seed"`
+	// Steps is the number of GRPO steps.
+	Steps int `toml:"steps"`
+	// BatchSize is the questions per step (each gets GroupSize responses).
+	BatchSize int `toml:"batch_size"`
+	// GroupSize is G, the responses sampled per question (≥ 2).
+	GroupSize int `toml:"group_size"`
+	// MiniBatches splits a step's responses into this many optimizer
+	// updates (1 = one update per step, fully on-policy).
+	MiniBatches int `toml:"mini_batches"`
+	// MicroBatch is the responses per forward/backward call; gradients
+	// accumulate over the micro-batches of a mini-batch.
+	MicroBatch int `toml:"micro_batch"`
+	// Temperature and TopP are the rollout sampling settings.
+	Temperature float64 `toml:"temperature"`
+	TopP        float64 `toml:"top_p"`
+	// LR is the AdamW learning rate; WeightDecay its decoupled weight decay;
+	// Beta1, Beta2 and AdamEps its moment settings.
+	LR          float64 `toml:"lr"`
+	WeightDecay float64 `toml:"weight_decay"`
+	Beta1       float64 `toml:"beta1"`
+	Beta2       float64 `toml:"beta2"`
+	AdamEps     float64 `toml:"adam_eps"`
+	// MaxGradNorm clips the global gradient norm (≤ 0: off).
+	MaxGradNorm float64 `toml:"max_grad_norm"`
+	// ClipEps is the PPO ratio clip ε.
+	ClipEps float64 `toml:"clip_eps"`
+	// KLCoef weighs the k3 KL penalty to the frozen starting policy; 0 keeps
+	// no reference policy in memory.
+	KLCoef float64 `toml:"kl_coef"`
+	// EntropyCoef weighs an entropy bonus (0 = none).
+	EntropyCoef float64 `toml:"entropy_coef"`
+	// EMADecay is α of the load-balance reward's routing counts.
+	EMADecay float64 `toml:"ema_decay"`
+	// CheckpointEvery saves checkpoints/step-N every this many steps (and at
+	// the end and on interruption).
+	CheckpointEvery int `toml:"checkpoint_every"`
+	// ValidateEvery runs validation on the held-out questions every this
+	// many steps (0 = only at the end).
+	ValidateEvery int `toml:"validate_every"`
+	// HeadChunk is the tokens per output-head chunk in the loss (bounds the
+	// [chunk, vocab] logits in memory).
+	HeadChunk int `toml:"head_chunk"`
+	// LogEvery is the seconds between progress lines when stderr is not a terminal.
+	LogEvery float64 `toml:"log_every"`
+}
+
+// SFT configures the supervised warm-up on format demonstrations ([sft]):
+// for training questions, a demonstration calls a pool model (the sim pool
+// offline) with the question and answers with the reply's answer. Steps 0
+// skips the stage.
+type SFT struct {
+	Steps     int     `toml:"steps"`
+	BatchSize int     `toml:"batch_size"`
+	LR        float64 `toml:"lr"`
+	// CorrectOnly keeps only demonstrations whose answer matches a golden answer.
+	CorrectOnly bool `toml:"correct_only"`
+}
+
+// Eval configures evaluation ([eval]).
+type Eval struct {
+	// Batch is the questions decoded together.
+	Batch int `toml:"batch"`
 }
 
 // Policy says which checkpoint the routing policy starts from and where it runs.
@@ -36,7 +118,16 @@ type Policy struct {
 // Default returns the configuration every file starts from.
 func Default() Config {
 	return Config{
-		Policy: Policy{Checkpoint: "runs/init/tiny", Device: "cpu", DType: "float32"},
+		Policy:      Policy{Checkpoint: "runs/init/tiny", Device: "cpu", DType: "float32"},
+		Data:        data.DefaultConfig(),
+		Pool:        llmpool.Defaults(),
+		Router:      router.DefaultConfig(),
+		Calibration: calibration.DefaultConfig(),
+		Train: Train{Steps: 150, BatchSize: 64, GroupSize: 4, MiniBatches: 1, MicroBatch: 16, Temperature: 1, TopP: 1,
+			LR: 1e-6, WeightDecay: 0.01, Beta1: 0.9, Beta2: 0.999, AdamEps: 1e-8, MaxGradNorm: 1, ClipEps: 0.2,
+			KLCoef: 0.001, EMADecay: 0.9, CheckpointEvery: 25, ValidateEvery: 25, HeadChunk: 1024, LogEvery: 10},
+		SFT:  SFT{Steps: 0, BatchSize: 16, LR: 1e-4},
+		Eval: Eval{Batch: 64},
 	}
 }
 
@@ -76,6 +167,7 @@ func Parse(name string, text []byte, sets []string) (Config, error) {
 	if err != nil {
 		return Config{}, fmt.Errorf("config: %s: %w", name, err)
 	}
+	cfg.Pool.SetDefaults() // per-model provider defaults (top_p, timeouts, …)
 	if und := md.Undecoded(); len(und) > 0 {
 		keys := make([]string, len(und))
 		for i, k := range und {
@@ -135,12 +227,59 @@ func (c *Config) Validate() error {
 	if c.Policy.Checkpoint == "" {
 		return fmt.Errorf("policy.checkpoint is empty")
 	}
+	if err := c.Data.Validate(); err != nil {
+		return err
+	}
+	if err := c.Pool.Validate(); err != nil {
+		return err
+	}
+	if err := c.Router.Validate(); err != nil {
+		return err
+	}
+	if err := c.Calibration.Validate(); err != nil {
+		return err
+	}
+	t := c.Train
+	checks := []struct {
+		bad bool
+		msg string
+	}{
+		{t.Steps < 0, fmt.Sprintf("train.steps = %d: must be ≥ 0", t.Steps)},
+		{t.BatchSize < 1, fmt.Sprintf("train.batch_size = %d: must be ≥ 1", t.BatchSize)},
+		{t.GroupSize < 2, fmt.Sprintf("train.group_size = %d: GRPO needs at least 2 responses per question", t.GroupSize)},
+		{t.MiniBatches < 1 || t.MiniBatches > t.BatchSize*t.GroupSize, fmt.Sprintf("train.mini_batches = %d: must be in [1, batch_size·group_size]", t.MiniBatches)},
+		{t.MicroBatch < 1, fmt.Sprintf("train.micro_batch = %d: must be ≥ 1", t.MicroBatch)},
+		{t.Temperature < 0, fmt.Sprintf("train.temperature = %g: must be ≥ 0", t.Temperature)},
+		{t.TopP <= 0 || t.TopP > 1, fmt.Sprintf("train.top_p = %g: must be in (0, 1]", t.TopP)},
+		{t.LR <= 0, fmt.Sprintf("train.lr = %g: must be > 0", t.LR)},
+		{t.WeightDecay < 0, fmt.Sprintf("train.weight_decay = %g: must be ≥ 0", t.WeightDecay)},
+		{t.Beta1 < 0 || t.Beta1 >= 1 || t.Beta2 < 0 || t.Beta2 >= 1, "train.beta1 and train.beta2 must be in [0, 1)"},
+		{t.AdamEps <= 0, "train.adam_eps must be > 0"},
+		{t.ClipEps <= 0 || t.ClipEps >= 1, fmt.Sprintf("train.clip_eps = %g: must be in (0, 1)", t.ClipEps)},
+		{t.KLCoef < 0, "train.kl_coef must be ≥ 0"},
+		{t.EMADecay < 0 || t.EMADecay > 1, fmt.Sprintf("train.ema_decay = %g: must be in [0, 1]", t.EMADecay)},
+		{t.CheckpointEvery < 1, "train.checkpoint_every must be ≥ 1"},
+		{t.ValidateEvery < 0, "train.validate_every must be ≥ 0"},
+		{t.HeadChunk < 1, "train.head_chunk must be ≥ 1"},
+		{c.SFT.Steps < 0, "sft.steps must be ≥ 0"},
+		{c.SFT.Steps > 0 && c.SFT.BatchSize < 1, "sft.batch_size must be ≥ 1"},
+		{c.SFT.Steps > 0 && c.SFT.LR <= 0, "sft.lr must be > 0"},
+		{c.Eval.Batch < 1, "eval.batch must be ≥ 1"},
+	}
+	for _, ch := range checks {
+		if ch.bad {
+			return fmt.Errorf("%s", ch.msg)
+		}
+	}
 	return nil
 }
 
+// resolve makes the file paths of the config absolute against dir.
 func (c *Config) resolve(dir string) {
-	if c.Policy.Checkpoint != "" && !filepath.IsAbs(c.Policy.Checkpoint) {
-		c.Policy.Checkpoint = filepath.Join(dir, c.Policy.Checkpoint)
+	for _, p := range []*string{&c.Policy.Checkpoint, &c.Data.Dir, &c.Pool.CacheDir, &c.Router.PromptTemplate} {
+		if *p != "" && !filepath.IsAbs(*p) {
+			*p = filepath.Join(dir, *p)
+		}
 	}
 }
 

@@ -45,7 +45,7 @@ func DefaultConfig() Config {
 // Validate checks the config, naming the bad key.
 func (c Config) Validate() error {
 	bad := func(key, format string, args ...any) error {
-		return fmt.Errorf("data: config key %q: %s", key, fmt.Sprintf(format, args...))
+		return fmt.Errorf("data: config key %q: %s", "data."+key, fmt.Sprintf(format, args...))
 	}
 	train, err := expand(c.Train)
 	if err != nil {

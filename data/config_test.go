@@ -27,21 +27,21 @@ func TestConfigValidate(t *testing.T) {
 		{"splits and aliases", func(c *Config) { c.Train = []string{"id", "2wikimultihopqa"}; c.Test = []string{"ood"} }, ""},
 		{"no test", func(c *Config) { c.Test = nil }, ""},
 		{"unknown train dataset", func(c *Config) { c.Train = []string{"nq", "squad"} },
-			`data: config key "train": unknown dataset "squad" (known: nq, triviaqa, popqa, hotpotqa, 2wiki, musique, bamboogle)`},
-		{"empty train", func(c *Config) { c.Train = nil }, `data: config key "train": no dataset`},
-		{"unknown test dataset", func(c *Config) { c.Test = []string{"webq"} }, `data: config key "test": unknown dataset "webq"`},
-		{"files key without split", func(c *Config) { c.Files = map[string]string{"nq": "x.jsonl"} }, `data: config key "files": key "nq": want "<dataset>/train" or "<dataset>/test"`},
-		{"files key with dev split", func(c *Config) { c.Files = map[string]string{"nq/dev": "x.jsonl"} }, `data: config key "files": key "nq/dev"`},
-		{"files key unknown dataset", func(c *Config) { c.Files = map[string]string{"squad/test": "x.jsonl"} }, `data: config key "files": key "squad/test": unknown dataset`},
-		{"files key alias", func(c *Config) { c.Files = map[string]string{"2wikimultihopqa/test": "x.jsonl"} }, `data: config key "files": key "2wikimultihopqa/test": use the canonical name "2wiki/test"`},
-		{"files empty path", func(c *Config) { c.Files = map[string]string{"nq/test": " "} }, `data: config key "files": key "nq/test": empty path`},
-		{"no dir", func(c *Config) { c.Dir = "" }, `data: config key "dir": empty, and files has no "nq/train"`},
+			`data: config key "data.train": unknown dataset "squad" (known: nq, triviaqa, popqa, hotpotqa, 2wiki, musique, bamboogle)`},
+		{"empty train", func(c *Config) { c.Train = nil }, `data: config key "data.train": no dataset`},
+		{"unknown test dataset", func(c *Config) { c.Test = []string{"webq"} }, `data: config key "data.test": unknown dataset "webq"`},
+		{"files key without split", func(c *Config) { c.Files = map[string]string{"nq": "x.jsonl"} }, `data: config key "data.files": key "nq": want "<dataset>/train" or "<dataset>/test"`},
+		{"files key with dev split", func(c *Config) { c.Files = map[string]string{"nq/dev": "x.jsonl"} }, `data: config key "data.files": key "nq/dev"`},
+		{"files key unknown dataset", func(c *Config) { c.Files = map[string]string{"squad/test": "x.jsonl"} }, `data: config key "data.files": key "squad/test": unknown dataset`},
+		{"files key alias", func(c *Config) { c.Files = map[string]string{"2wikimultihopqa/test": "x.jsonl"} }, `data: config key "data.files": key "2wikimultihopqa/test": use the canonical name "2wiki/test"`},
+		{"files empty path", func(c *Config) { c.Files = map[string]string{"nq/test": " "} }, `data: config key "data.files": key "nq/test": empty path`},
+		{"no dir", func(c *Config) { c.Dir = "" }, `data: config key "data.dir": empty, and files has no "nq/train"`},
 		{"no dir, files cover all", func(c *Config) {
 			c.Dir, c.Test = "", []string{"nq"}
 			c.Files = map[string]string{"nq/train": "a.jsonl", "hotpotqa/train": "b.jsonl", "nq/test": "c.jsonl"}
 		}, ""},
-		{"negative test_per_dataset", func(c *Config) { c.TestPerDataset = -1 }, `data: config key "test_per_dataset": -1 is negative`},
-		{"negative val_per_dataset", func(c *Config) { c.ValPerDataset = -5 }, `data: config key "val_per_dataset": -5 is negative`},
+		{"negative test_per_dataset", func(c *Config) { c.TestPerDataset = -1 }, `data: config key "data.test_per_dataset": -1 is negative`},
+		{"negative val_per_dataset", func(c *Config) { c.ValPerDataset = -5 }, `data: config key "data.val_per_dataset": -5 is negative`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

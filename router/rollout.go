@@ -155,7 +155,6 @@ func Rollout(ctx context.Context, dec generate.Decoder, tok Tokenizer, pool Pool
 	slowest := map[int]time.Duration{}
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	infoOpen, infoClose := toInt32(tok.Encode("\n\n"+InfoOpen)), toInt32(tok.Encode(InfoClose+"\n\n"))
 	stops := []string{SearchClose, AnswerClose}
 	calls := uint64(0)
 
@@ -232,11 +231,7 @@ func Rollout(ctx context.Context, dec generate.Decoder, tok Tokenizer, pool Pool
 					st.Calls++
 					slowest[rp.call.Turn] = max(slowest[rp.call.Turn], rp.call.Latency)
 				}
-				body := tok.Encode(sanitizeReply(rp.call.Reply))
-				if len(body) > cfg.InfoTokens {
-					body = body[:cfg.InfoTokens]
-				}
-				block := append(append(append([]int32{}, infoOpen...), toInt32(body)...), infoClose...)
+				block := InfoBlock(tok, rp.call.Reply, cfg.InfoTokens)
 				o.Tokens = append(o.Tokens, block...)
 				o.Mask = append(o.Mask, make([]float32, len(block))...)
 				o.Logp = append(o.Logp, make([]float32, len(block))...)
@@ -298,6 +293,19 @@ func callPool(ctx context.Context, pool Pool, a Action, q *llmpool.Question, tur
 	resp := pool.Call(ctx, llmpool.Request{Model: info.Name, Query: a.Query, Question: q})
 	return Call{Model: info.Name, Query: a.Query, Reply: resp.Text, Failed: resp.Failed, Cached: resp.Cached,
 		Cost: resp.Cost, Latency: resp.Latency, Turn: turn}
+}
+
+// InfoBlock is the observation appended after a pool call:
+// "\n\n<information>REPLY</information>\n\n", the reply sanitised and cut
+// to at most limit tokens.
+func InfoBlock(tok Tokenizer, reply string, limit int) []int32 {
+	body := tok.Encode(sanitizeReply(reply))
+	if len(body) > limit {
+		body = body[:limit]
+	}
+	out := toInt32(tok.Encode("\n\n" + InfoOpen))
+	out = append(out, toInt32(body)...)
+	return append(out, toInt32(tok.Encode(InfoClose+"\n\n"))...)
 }
 
 // sanitizeReply trims a pool reply and removes protocol tags from it, so an

@@ -1,4 +1,8 @@
-package main
+// Package trainer runs the policy: GRPO training with ReCal's calibrated
+// advantages, the supervised format warm-up, validation and evaluation. It
+// wires the pure-Go parts (router, calibration, llmpool, data) to the policy
+// engine in torchbridge.
+package trainer
 
 import (
 	"context"
@@ -11,23 +15,25 @@ import (
 	"github.com/recal-project/recal/torchbridge"
 )
 
-// engine is a loaded policy with its tokenizer and stop tokens.
-type engine struct {
-	policy *torchbridge.Policy
-	tok    *tokenizer.Tokenizer
-	eos    []int32
-	ctxLen int
+// Engine is a loaded policy with its tokenizer and stop tokens.
+type Engine struct {
+	Policy *torchbridge.Policy
+	Tok    *tokenizer.Tokenizer
+	EOS    []int32
+	CtxLen int // max_position_embeddings
+	Dir    string
 }
 
-func setThreads(n int) error {
+// SetThreads sets libtorch's CPU threads; n ≤ 0 means all cores.
+func SetThreads(n int) error {
 	if n <= 0 {
 		n = runtime.NumCPU()
 	}
 	return torchbridge.SetThreads(n)
 }
 
-// openEngine loads a checkpoint folder and the tokenizer inside it.
-func openEngine(dir string, opt torchbridge.Options) (*engine, error) {
+// OpenEngine loads a checkpoint folder and the tokenizer inside it.
+func OpenEngine(dir string, opt torchbridge.Options) (*Engine, error) {
 	tok, err := tokenizer.Load(dir)
 	if err != nil {
 		return nil, err
@@ -46,28 +52,31 @@ func openEngine(dir string, opt torchbridge.Options) (*engine, error) {
 		p.Close()
 		return nil, err
 	}
-	e := &engine{policy: p, tok: tok, ctxLen: int(cfg.MaxPositionEmbeddings)}
+	e := &Engine{Policy: p, Tok: tok, CtxLen: int(cfg.MaxPositionEmbeddings), Dir: dir}
 	for _, id := range ids {
-		e.eos = append(e.eos, int32(id))
+		e.EOS = append(e.EOS, int32(id))
 	}
-	if len(e.eos) == 0 && tok.EOS() >= 0 {
-		e.eos = []int32{int32(tok.EOS())}
+	if len(e.EOS) == 0 && tok.EOS() >= 0 {
+		e.EOS = []int32{int32(tok.EOS())}
 	}
 	return e, nil
 }
 
-func (e *engine) Close() error { return e.policy.Close() }
+// Close frees the policy.
+func (e *Engine) Close() error { return e.Policy.Close() }
 
-// cacheDecoder lets generate drive a torchbridge KV cache.
-type cacheDecoder struct{ c *torchbridge.Cache }
+// Decoder lets generate and router drive a torchbridge KV cache.
+type Decoder struct{ C *torchbridge.Cache }
 
-func (d cacheDecoder) Extend(ctx context.Context, rows []int, tokens [][]int32, s generate.Sampling, seed uint64) ([]int32, []float32, error) {
-	r, err := d.c.Extend(ctx, torchbridge.Step{Rows: rows, Tokens: tokens, Seed: seed,
+// Extend implements generate.Decoder.
+func (d Decoder) Extend(ctx context.Context, rows []int, tokens [][]int32, s generate.Sampling, seed uint64) ([]int32, []float32, error) {
+	r, err := d.C.Extend(ctx, torchbridge.Step{Rows: rows, Tokens: tokens, Seed: seed,
 		Sampling: torchbridge.Sampling{Temperature: s.Temperature, TopP: s.TopP, TopK: s.TopK}})
 	return r.Next, r.Logp, err
 }
 
-func toInt32(ids []int) []int32 {
+// ToInt32 converts token ids.
+func ToInt32(ids []int) []int32 {
 	out := make([]int32, len(ids))
 	for i, v := range ids {
 		out[i] = int32(v)

@@ -11,6 +11,7 @@ import (
 	"github.com/recal-project/recal/generate"
 	"github.com/recal-project/recal/tokenizer"
 	"github.com/recal-project/recal/torchbridge"
+	"github.com/recal-project/recal/trainer"
 )
 
 func generateCommand() *cli.Command {
@@ -49,37 +50,37 @@ func runGenerate(ctx context.Context, cmd *cli.Command) error {
 	if p := cmd.Float("top-p"); p <= 0 || p > 1 {
 		return usageError{fmt.Errorf("--top-p must be in (0, 1]")}
 	}
-	if err := setThreads(int(cmd.Root().Int("threads"))); err != nil {
+	if err := trainer.SetThreads(int(cmd.Root().Int("threads"))); err != nil {
 		return err
 	}
-	e, err := openEngine(cmd.String("checkpoint"), torchbridge.Options{Device: cmd.String("device"), DType: cmd.String("dtype")})
+	e, err := trainer.OpenEngine(cmd.String("checkpoint"), torchbridge.Options{Device: cmd.String("device"), DType: cmd.String("dtype")})
 	if err != nil {
 		return err
 	}
 	defer e.Close()
 	prompt := cmd.String("prompt")
 	if cmd.Bool("chat") {
-		prompt = e.tok.FormatChat([]tokenizer.Message{{Role: "user", Content: prompt}}, true)
+		prompt = e.Tok.FormatChat([]tokenizer.Message{{Role: "user", Content: prompt}}, true)
 	}
-	ids := toInt32(e.tok.Encode(prompt))
+	ids := trainer.ToInt32(e.Tok.Encode(prompt))
 	if len(ids) == 0 {
 		return usageError{fmt.Errorf("--prompt is empty")}
 	}
-	if len(ids) >= e.ctxLen {
-		return fmt.Errorf("the prompt has %d tokens, more than the checkpoint's context of %d (max_position_embeddings) leaves room for", len(ids), e.ctxLen)
+	if len(ids) >= e.CtxLen {
+		return fmt.Errorf("the prompt has %d tokens, more than the checkpoint's context of %d (max_position_embeddings) leaves room for", len(ids), e.CtxLen)
 	}
-	if len(ids)+maxNew > e.ctxLen {
-		maxNew = e.ctxLen - len(ids)
-		slog.Warn("max-new-tokens cut to fit the context", "max_new_tokens", maxNew, "context", e.ctxLen)
+	if len(ids)+maxNew > e.CtxLen {
+		maxNew = e.CtxLen - len(ids)
+		slog.Warn("max-new-tokens cut to fit the context", "max_new_tokens", maxNew, "context", e.CtxLen)
 	}
-	cache, err := e.policy.NewCache(1, len(ids)+maxNew)
+	cache, err := e.Policy.NewCache(1, len(ids)+maxNew)
 	if err != nil {
 		return err
 	}
 	defer cache.Close()
-	req := generate.Request{Row: 0, Prompt: ids, MaxNewTokens: maxNew, Stop: cmd.StringSlice("stop"), EOS: e.eos}
+	req := generate.Request{Row: 0, Prompt: ids, MaxNewTokens: maxNew, Stop: cmd.StringSlice("stop"), EOS: e.EOS}
 	s := generate.Sampling{Temperature: cmd.Float("temperature"), TopP: cmd.Float("top-p"), TopK: int(cmd.Int("top-k"))}
-	out, err := generate.Run(ctx, cacheDecoder{cache}, e.tok, []generate.Request{req}, s, cmd.Uint64("seed"))
+	out, err := generate.Run(ctx, trainer.Decoder{C: cache}, e.Tok, []generate.Request{req}, s, cmd.Uint64("seed"))
 	if err != nil {
 		return err
 	}

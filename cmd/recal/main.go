@@ -2,7 +2,8 @@
 // routers (the ReCal method). Run `recal --help` for the commands.
 //
 // Exit status: 0 on success, 1 on any error (the message goes to stderr),
-// 2 on a usage error. recal never prompts.
+// 2 on a usage or configuration error, 130 when training was interrupted
+// (after saving a checkpoint). recal never prompts.
 package main
 
 import (
@@ -55,7 +56,7 @@ func run(ctx context.Context, args []string) int {
 			slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})))
 			return ctx, nil
 		},
-		Commands: []*cli.Command{generateCommand(), policyCommand()},
+		Commands: []*cli.Command{trainCommand(), generateCommand(), policyCommand()},
 		OnUsageError: func(ctx context.Context, cmd *cli.Command, err error, isSubcommand bool) error {
 			return usageError{err}
 		},
@@ -69,6 +70,10 @@ func run(ctx context.Context, args []string) int {
 	var ue usageError
 	if errors.As(err, &ue) {
 		return 2
+	}
+	var ee exitError
+	if errors.As(err, &ee) {
+		return ee.code
 	}
 	return 1
 }

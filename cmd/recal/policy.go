@@ -12,6 +12,7 @@ import (
 	"github.com/recal-project/recal/internal/hfmodel"
 	"github.com/recal-project/recal/tokenizer"
 	"github.com/recal-project/recal/torchbridge"
+	"github.com/recal-project/recal/trainer"
 )
 
 func policyCommand() *cli.Command {
@@ -57,7 +58,7 @@ func runPolicyInit(ctx context.Context, cmd *cli.Command) error {
 		eos = append(eos, int64(id))
 	}
 	cfg.EOSTokenIDs = eos
-	if err := setThreads(int(cmd.Root().Int("threads"))); err != nil {
+	if err := trainer.SetThreads(int(cmd.Root().Int("threads"))); err != nil {
 		return err
 	}
 	p, err := torchbridge.NewPolicy(cfg, torchbridge.Options{})

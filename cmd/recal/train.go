@@ -1,0 +1,85 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/urfave/cli/v3"
+
+	"github.com/recal-project/recal/config"
+	"github.com/recal-project/recal/trainer"
+)
+
+// configFlags are shared by the commands that read recal.toml.
+func configFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "config", Value: "recal.toml", Usage: "configuration file (TOML; unknown keys are errors)"},
+		&cli.StringSliceFlag{Name: "set", Usage: "override a config key: --set train.steps=10 (repeatable; dotted key names)"},
+	}
+}
+
+func loadConfig(cmd *cli.Command) (config.Config, error) {
+	cfg, err := config.Load(cmd.String("config"), cmd.StringSlice("set"))
+	if err != nil {
+		return cfg, usageError{err}
+	}
+	return cfg, nil
+}
+
+func trainCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "train",
+		Usage: "train a routing policy with GRPO and ReCal's calibrated advantages",
+		Description: "Runs the optional supervised warm-up ([sft]), then GRPO ([train]) against the pool\n" +
+			"([pool]) on the training questions ([data]), writing config.toml, metrics.jsonl,\n" +
+			"rollouts.jsonl, validation.jsonl and checkpoints/ into the run folder.\n" +
+			"SIGINT/SIGTERM save a checkpoint and exit with status 130; --resume continues.",
+		Flags: append(configFlags(),
+			&cli.StringFlag{Name: "run-dir", Usage: "run folder (default runs/<config name>)"},
+			&cli.BoolFlag{Name: "resume", Usage: "continue the run in --run-dir from its last checkpoint"},
+		),
+		Action: func(ctx context.Context, cmd *cli.Command) error {
+			cfg, err := loadConfig(cmd)
+			if err != nil {
+				return err
+			}
+			runDir := cmd.String("run-dir")
+			if runDir == "" {
+				name := strings.TrimSuffix(filepath.Base(cmd.String("config")), filepath.Ext(cmd.String("config")))
+				runDir = filepath.Join("runs", name)
+			}
+			threads := cfg.Policy.Threads
+			if cmd.Root().IsSet("threads") {
+				threads = int(cmd.Root().Int("threads"))
+			}
+			if err := trainer.SetThreads(threads); err != nil {
+				return err
+			}
+			start := time.Now()
+			err = trainer.Train(ctx, cfg, trainer.Options{RunDir: runDir, Resume: cmd.Bool("resume"), Log: slog.Default()})
+			if errors.Is(err, trainer.ErrInterrupted) {
+				return exitError{code: 130, err: err}
+			}
+			if err != nil {
+				return err
+			}
+			slog.Info("training finished", "run_dir", runDir, "took", time.Since(start).Round(time.Second).String())
+			fmt.Println(runDir)
+			return nil
+		},
+	}
+}
+
+// exitError carries a specific exit status.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e exitError) Error() string { return e.err.Error() }
+func (e exitError) Unwrap() error { return e.err }

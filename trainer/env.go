@@ -1,0 +1,112 @@
+package trainer
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/recal-project/recal/config"
+	"github.com/recal-project/recal/data"
+	"github.com/recal-project/recal/generate"
+	"github.com/recal-project/recal/llmpool"
+	"github.com/recal-project/recal/router"
+)
+
+// Env is the routing environment of a policy: the LLM pool, the prompt and
+// the protocol's settings.
+type Env struct {
+	Engine *Engine
+	Pool   *llmpool.Pool
+	Prompt *router.Prompt
+	Router router.Config
+
+	mu      sync.Mutex
+	prompts map[string][]int32 // prompt tokens by question id
+}
+
+// AnswerBank collects golden answers per dataset, from which simulated pool
+// models draw plausible wrong answers.
+func AnswerBank(sets ...[]data.Example) map[string][]string {
+	bank := map[string][]string{}
+	for _, set := range sets {
+		for _, ex := range set {
+			if len(ex.Golden) > 0 {
+				bank[ex.Dataset] = append(bank[ex.Dataset], ex.Golden[0])
+			}
+		}
+	}
+	return bank
+}
+
+// NewEnv builds the pool (API keys are read from the environment here, before
+// any work) and the prompt.
+func NewEnv(cfg config.Config, eng *Engine, bank map[string][]string, log *slog.Logger) (*Env, error) {
+	pool, err := llmpool.New(cfg.Pool, llmpool.WithLogger(log), llmpool.WithAnswerBank(bank))
+	if err != nil {
+		return nil, err
+	}
+	prompt, err := router.NewPrompt(cfg.Router.PromptTemplate, pool.Models(), cfg.Router.MaxTurns)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return &Env{Engine: eng, Pool: pool, Prompt: prompt, Router: cfg.Router, prompts: map[string][]int32{}}, nil
+}
+
+// Close closes the pool.
+func (e *Env) Close() error { return e.Pool.Close() }
+
+// Known reports whether a model name belongs to the pool.
+func (e *Env) Known(name string) bool {
+	_, ok := e.Pool.Lookup(name)
+	return ok
+}
+
+// PromptTokens returns (and caches) a question's prompt tokens.
+func (e *Env) PromptTokens(ex data.Example) ([]int32, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if p, ok := e.prompts[ex.ID]; ok {
+		return p, nil
+	}
+	text, err := e.Prompt.Chat(e.Engine.Tok, ex.Question)
+	if err != nil {
+		return nil, err
+	}
+	p := ToInt32(e.Engine.Tok.Encode(text))
+	if len(p)+e.Router.Capacity() > e.Engine.CtxLen {
+		return nil, fmt.Errorf("trainer: question %s: prompt of %d tokens plus %d response tokens exceed the policy's context of %d", ex.ID, len(p), e.Router.Capacity(), e.Engine.CtxLen)
+	}
+	e.prompts[ex.ID] = p
+	return p, nil
+}
+
+// Question converts an example for the pool.
+func Question(ex data.Example) llmpool.Question {
+	return llmpool.Question{ID: ex.ID, Dataset: ex.Dataset, Text: ex.Question, Golden: ex.Golden}
+}
+
+// Roll runs the routing protocol for g responses to each question, in one
+// KV cache: response i·g+j is sample j of question i.
+func (e *Env) Roll(ctx context.Context, qs []data.Example, g int, s generate.Sampling, seed uint64) ([]router.Sample, router.Stats, error) {
+	var jobs []router.Job
+	longest := 0
+	for _, q := range qs {
+		p, err := e.PromptTokens(q)
+		if err != nil {
+			return nil, router.Stats{}, err
+		}
+		longest = max(longest, len(p))
+		for range g {
+			jobs = append(jobs, router.Job{Question: Question(q), Prompt: p})
+		}
+	}
+	capacity := min(longest+e.Router.Capacity(), e.Engine.CtxLen)
+	cache, err := e.Engine.Policy.NewCache(len(jobs), capacity)
+	if err != nil {
+		return nil, router.Stats{}, err
+	}
+	defer cache.Close()
+	return router.Rollout(ctx, Decoder{C: cache}, e.Engine.Tok, e.Pool, e.Router, jobs, s, e.Engine.EOS, seed)
+}

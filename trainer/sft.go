@@ -1,0 +1,157 @@
+package trainer
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"strings"
+
+	"github.com/recal-project/recal/config"
+	"github.com/recal-project/recal/data"
+	"github.com/recal-project/recal/llmpool"
+	"github.com/recal-project/recal/router"
+	"github.com/recal-project/recal/torchbridge"
+)
+
+// Demonstration wording. The policy learns the protocol's shape from these;
+// which model to call is left to GRPO: demonstrations pick pool models
+// uniformly.
+const (
+	demoThinkSearch = "I will ask a model."
+	demoThinkAnswer = "The information gives the answer."
+)
+
+// Demo is one format demonstration: prompt + policy turns + the real reply
+// of the pool model it calls.
+type Demo struct {
+	Tokens  []int32
+	Mask    []float32
+	Correct bool
+}
+
+// BuildDemos asks, for each question, a pool model chosen uniformly by a hash
+// of (seed, question) with the question itself, and writes the
+// demonstration: think, search, the reply as information, think, answer.
+// The answer is the golden answer the reply contains, else the reply's text
+// after "answer is", else its first words.
+func BuildDemos(ctx context.Context, env *Env, qs []data.Example, seed int64) ([]Demo, error) {
+	models := env.Pool.Models()
+	if len(models) == 0 {
+		return nil, fmt.Errorf("trainer: sft: the pool has no models")
+	}
+	reqs := make([]llmpool.Request, len(qs))
+	for i, q := range qs {
+		h := fnv.New64a()
+		fmt.Fprintf(h, "%d/%s", seed, q.ID)
+		qq := Question(q)
+		reqs[i] = llmpool.Request{Model: models[h.Sum64()%uint64(len(models))].Name, Query: q.Question, Question: &qq}
+	}
+	replies := env.Pool.CallBatch(ctx, reqs)
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	tok := env.Engine.Tok
+	var out []Demo
+	for i, q := range qs {
+		prompt, err := env.PromptTokens(q)
+		if err != nil {
+			return nil, err
+		}
+		answer, correct := demoAnswer(replies[i].Text, q.Golden)
+		turn1 := ToInt32(tok.Encode(router.ThinkOpen + demoThinkSearch + router.ThinkClose + "\n" + router.SearchOpen + reqs[i].Model + ": " + q.Question + router.SearchClose))
+		info := router.InfoBlock(tok, replies[i].Text, env.Router.InfoTokens)
+		turn2 := ToInt32(tok.Encode(router.ThinkOpen + demoThinkAnswer + router.ThinkClose + "\n" + router.AnswerOpen + answer + router.AnswerClose))
+		d := Demo{Correct: correct}
+		d.Tokens = append(append(append(append(d.Tokens, prompt...), turn1...), info...), turn2...)
+		d.Mask = make([]float32, len(d.Tokens))
+		for k := len(prompt); k < len(prompt)+len(turn1); k++ {
+			d.Mask[k] = 1
+		}
+		for k := len(d.Tokens) - len(turn2); k < len(d.Tokens); k++ {
+			d.Mask[k] = 1
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+func demoAnswer(reply string, golden []string) (string, bool) {
+	norm := " " + data.Normalize(reply) + " "
+	for _, g := range golden {
+		if n := data.Normalize(g); n != "" && strings.Contains(norm, " "+n+" ") {
+			return g, true
+		}
+	}
+	text := strings.TrimSpace(reply)
+	if k := strings.LastIndex(strings.ToLower(text), "answer is"); k >= 0 {
+		text = strings.TrimSpace(text[k+len("answer is"):])
+	}
+	text = strings.TrimRight(text, ".")
+	if w := strings.Fields(text); len(w) > 8 {
+		text = strings.Join(w[:8], " ")
+	}
+	return text, false
+}
+
+// sftLine is one line of sft.jsonl.
+type sftLine struct {
+	Stage  string  `json:"stage"`
+	Step   int     `json:"step"`
+	NLL    float64 `json:"nll"` // mean negative log-likelihood per policy token
+	Tokens float64 `json:"tokens"`
+	Demos  int     `json:"demos"`
+}
+
+// runSFT is the supervised warm-up: maximum likelihood of the policy tokens
+// of format demonstrations, AdamW with grad-norm clipping.
+func runSFT(ctx context.Context, cfg config.Config, env *Env, train []data.Example, run *runDir, log *slog.Logger) error {
+	sampler, err := data.NewSampler(train, cfg.Train.Seed+1)
+	if err != nil {
+		return err
+	}
+	tc := cfg.Train
+	adam := torchbridge.AdamW{LR: cfg.SFT.LR, Beta1: tc.Beta1, Beta2: tc.Beta2, Eps: tc.AdamEps, WeightDecay: tc.WeightDecay, MaxGradNorm: tc.MaxGradNorm}
+	p := env.Engine.Policy
+	for step := 1; step <= cfg.SFT.Steps; step++ {
+		demos, err := BuildDemos(ctx, env, sampler.Next(cfg.SFT.BatchSize), tc.Seed+int64(step))
+		if err != nil {
+			return err
+		}
+		var seqs [][]int32
+		var masks [][]float32
+		total := 0.0
+		for _, d := range demos {
+			if cfg.SFT.CorrectOnly && !d.Correct {
+				continue
+			}
+			seqs = append(seqs, d.Tokens)
+			masks = append(masks, d.Mask)
+			for _, m := range d.Mask[1:] {
+				total += float64(m)
+			}
+		}
+		if total == 0 {
+			continue
+		}
+		var nll float64
+		for lo := 0; lo < len(seqs); lo += tc.MicroBatch {
+			hi := min(lo+tc.MicroBatch, len(seqs))
+			n, _, err := p.BackwardNLL(ctx, seqs[lo:hi], masks[lo:hi], 1/total, tc.HeadChunk)
+			if err != nil {
+				return err
+			}
+			nll += n
+		}
+		if _, err := p.Step(ctx, adam); err != nil {
+			return err
+		}
+		if err := writeJSONLine(run.sft, sftLine{Stage: "sft", Step: step, NLL: nll / total, Tokens: total, Demos: len(seqs)}); err != nil {
+			return err
+		}
+		if step%20 == 0 || step == cfg.SFT.Steps {
+			log.Info("sft", "step", step, "of", cfg.SFT.Steps, "nll", fmt.Sprintf("%.3f", nll/total))
+		}
+	}
+	return nil
+}

@@ -1,0 +1,208 @@
+package trainer_test
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/recal-project/recal/config"
+	"github.com/recal-project/recal/internal/hfmodel"
+	"github.com/recal-project/recal/torchbridge"
+	"github.com/recal-project/recal/trainer"
+)
+
+// microCheckpoint writes a very small Qwen2 with the real Qwen2.5 vocabulary
+// and tokenizer, so that runs take seconds.
+func microCheckpoint(t *testing.T) string {
+	t.Helper()
+	cfg := &hfmodel.Config{Architectures: []string{"Qwen2ForCausalLM"}, ModelType: "qwen2", VocabSize: 151936,
+		HiddenSize: 16, IntermediateSize: 32, NumHiddenLayers: 1, NumAttentionHeads: 2, NumKeyValueHeads: 1,
+		MaxPositionEmbeddings: 2048, RopeTheta: 1e6, RMSNormEps: 1e-6, TieWordEmbeddings: true, EOSTokenIDs: []int64{151645, 151643}}
+	p, err := torchbridge.NewPolicy(cfg, torchbridge.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if err := p.InitRandom(1, 0.05); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"tokenizer.json", "tokenizer_config.json"} {
+		b, err := os.ReadFile(filepath.Join("..", "tokenizer", "qwen2.5", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Aux[f] = b
+	}
+	dir := filepath.Join(t.TempDir(), "init")
+	if err := p.Save(dir); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func testConfig(t *testing.T, ck string, sets ...string) config.Config {
+	t.Helper()
+	all := append([]string{
+		"policy.checkpoint=" + ck, "policy.threads=2",
+		"data.val_per_dataset=2", "data.test_per_dataset=4",
+		"router.turn_tokens=12", "router.info_tokens=8", "router.max_turns=2",
+		"sft.steps=2", "sft.batch_size=4", "sft.lr=1e-2",
+		"train.steps=4", "train.batch_size=2", "train.group_size=2", "train.micro_batch=3",
+		"train.lr=1e-2", "train.weight_decay=0.0", "train.entropy_coef=0.01", "train.kl_coef=0.05",
+		"train.checkpoint_every=2", "train.validate_every=2", "eval.batch=4",
+	}, sets...)
+	cfg, err := config.Load("../recal.toml", all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func readJSONL(t *testing.T, path string) []map[string]any {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+func params(t *testing.T, dir string) map[string][]byte {
+	t.Helper()
+	w, err := hfmodel.OpenWeights(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	out := map[string][]byte{}
+	for _, n := range w.Names() {
+		tn, _ := w.Lookup(n)
+		b, err := w.Read(tn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[n] = b
+	}
+	return out
+}
+
+// A few GRPO steps keep the loss finite and change every parameter; the run
+// folder holds what the trainer promises.
+func TestTrainLearns(t *testing.T) {
+	if err := trainer.SetThreads(2); err != nil {
+		t.Fatal(err)
+	}
+	ck := microCheckpoint(t)
+	run := filepath.Join(t.TempDir(), "run")
+	if err := trainer.Train(context.Background(), testConfig(t, ck), trainer.Options{RunDir: run}); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"config.toml", "metrics.jsonl", "rollouts.jsonl", "validation.jsonl", "sft.jsonl",
+		"checkpoints/step-2/model.safetensors", "checkpoints/step-4/optimizer.safetensors", "checkpoints/last/trainer_state.json", "checkpoints/sft/config.json"} {
+		if _, err := os.Stat(filepath.Join(run, f)); err != nil {
+			t.Errorf("run folder lacks %s", f)
+		}
+	}
+	metrics := readJSONL(t, filepath.Join(run, "metrics.jsonl"))
+	if len(metrics) != 4 {
+		t.Fatalf("%d metrics lines, want 4", len(metrics))
+	}
+	for _, m := range metrics {
+		for _, k := range []string{"loss", "grad_norm", "entropy", "kl"} {
+			v, ok := m[k].(float64)
+			if !ok || math.IsNaN(v) || math.IsInf(v, 0) {
+				t.Errorf("step %v: %s = %v, want a finite number", m["step"], k, m[k])
+			}
+		}
+		if m["grad_norm"].(float64) <= 0 {
+			t.Errorf("step %v: zero gradient", m["step"])
+		}
+	}
+	before, after := params(t, filepath.Join(run, "checkpoints", "sft")), params(t, filepath.Join(run, "checkpoints", "step-4"))
+	for name, b := range before {
+		if string(b) == string(after[name]) {
+			t.Errorf("parameter %s did not change over 4 GRPO steps", name)
+		}
+	}
+	rolls := readJSONL(t, filepath.Join(run, "rollouts.jsonl"))
+	if len(rolls) != 4*2*2 {
+		t.Fatalf("%d rollout lines, want 16", len(rolls))
+	}
+	for _, r := range rolls {
+		raw, ok := r["rewards_raw"].(map[string]any)
+		if !ok || len(raw) != 5 {
+			t.Fatalf("rollout line without the five raw rewards: %v", r)
+		}
+		if _, ok := r["advantage"].(float64); !ok {
+			t.Fatalf("rollout line without an advantage: %v", r)
+		}
+	}
+	cfgText, _ := os.ReadFile(filepath.Join(run, "config.toml"))
+	if !strings.Contains(string(cfgText), "tau_min") || !strings.Contains(string(cfgText), "batch_size = 2") {
+		t.Errorf("config.toml is not the resolved config:\n%s", cfgText)
+	}
+}
+
+// An interrupted run resumed from its checkpoint continues exactly as the
+// uninterrupted run does.
+func TestResumeMatchesUninterrupted(t *testing.T) {
+	if err := trainer.SetThreads(2); err != nil {
+		t.Fatal(err)
+	}
+	ck := microCheckpoint(t)
+	cfg := testConfig(t, ck, "sft.steps=0", "train.checkpoint_every=1")
+	full := filepath.Join(t.TempDir(), "full")
+	if err := trainer.Train(context.Background(), cfg, trainer.Options{RunDir: full}); err != nil {
+		t.Fatal(err)
+	}
+	part := filepath.Join(t.TempDir(), "part")
+	err := trainer.Train(context.Background(), cfg, trainer.Options{RunDir: part, StopAfter: 2})
+	if !errors.Is(err, trainer.ErrInterrupted) {
+		t.Fatalf("stopping after 2 steps: %v, want ErrInterrupted", err)
+	}
+	// Simulate a kill during step 3's logging: a torn line at the end.
+	f, _ := os.OpenFile(filepath.Join(part, "metrics.jsonl"), os.O_APPEND|os.O_WRONLY, 0)
+	f.WriteString(`{"step":3,"reward":{"an`)
+	f.Close()
+	if err := trainer.Train(context.Background(), cfg, trainer.Options{RunDir: part, Resume: true}); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	a, b := readJSONL(t, filepath.Join(full, "metrics.jsonl")), readJSONL(t, filepath.Join(part, "metrics.jsonl"))
+	if len(a) != len(b) {
+		t.Fatalf("uninterrupted run logged %d steps, resumed run %d", len(a), len(b))
+	}
+	timing := map[string]bool{"step_time_s": true, "rollout_time_s": true, "tokens_per_s": true}
+	for i := range a {
+		for k, v := range a[i] {
+			if timing[k] {
+				continue
+			}
+			if fmt.Sprint(v) != fmt.Sprint(b[i][k]) {
+				t.Errorf("step %v: %s = %v uninterrupted, %v resumed", a[i]["step"], k, v, b[i][k])
+			}
+		}
+	}
+	wa, wb := params(t, filepath.Join(full, "checkpoints", "last")), params(t, filepath.Join(part, "checkpoints", "last"))
+	for name := range wa {
+		if string(wa[name]) != string(wb[name]) {
+			x := math.Float32frombits(binary.LittleEndian.Uint32(wa[name]))
+			y := math.Float32frombits(binary.LittleEndian.Uint32(wb[name]))
+			t.Errorf("final %s differs between the runs (first element %v vs %v)", name, x, y)
+		}
+	}
+}
