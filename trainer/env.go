@@ -110,3 +110,9 @@ func (e *Env) Roll(ctx context.Context, qs []data.Example, g int, s generate.Sam
 	defer cache.Close()
 	return router.Rollout(ctx, Decoder{C: cache}, e.Engine.Tok, e.Pool, e.Router, jobs, s, e.Engine.EOS, seed)
 }
+
+// WithPrompt returns an environment sharing e's policy and pool but with
+// another prompt and protocol settings (e.g. no models and no calls).
+func (e *Env) WithPrompt(p *router.Prompt, rc router.Config) *Env {
+	return &Env{Engine: e.Engine, Pool: e.Pool, Prompt: p, Router: rc, prompts: map[string][]int32{}}
+}

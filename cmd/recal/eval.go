@@ -1,0 +1,285 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/urfave/cli/v3"
+
+	"github.com/recal-project/recal/calibration"
+	"github.com/recal-project/recal/config"
+	"github.com/recal-project/recal/data"
+	"github.com/recal-project/recal/eval"
+	"github.com/recal-project/recal/torchbridge"
+	"github.com/recal-project/recal/trainer"
+)
+
+const defaultRouters = "policy,direct,largest,random,prompt,knn"
+
+func evalFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "split", Value: "all", Usage: "test split: id (nq, hotpotqa), ood (the other five) or all"},
+		&cli.StringFlag{Name: "datasets", Usage: "comma-separated datasets (instead of --split)"},
+		&cli.StringFlag{Name: "routers", Value: defaultRouters, Usage: "comma-separated routers: " + strings.Join(eval.RouterNames(), ", ")},
+		&cli.StringFlag{Name: "extra-models", Usage: "TOML file of [[models]] added to the pool at evaluation only (unseen models)"},
+		&cli.StringFlag{Name: "largest", Usage: "pool model of the largest router (default: highest output price)"},
+		&cli.StringFlag{Name: "selector", Usage: "pool model the prompt router asks (default: the largest)"},
+		&cli.StringFlag{Name: "knn-log", Usage: "rollouts.jsonl of a training run for the knn router (default: the checkpoint's run)"},
+		&cli.IntFlag{Name: "knn-k", Value: 10, Usage: "neighbours of the knn router"},
+	}
+}
+
+func evalCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "eval",
+		Usage: "evaluate a policy checkpoint and baseline routers on the test sets (EM, F1, calls, cost)",
+		Description: "Greedy decoding over up to data.test_per_dataset questions per dataset. Prints the\n" +
+			"table and writes table.{json,csv,md} and results-<router>.jsonl into --out; rerunning\n" +
+			"with the same --out finishes an interrupted evaluation without redoing what was done.",
+		Flags: append(append(configFlags(),
+			&cli.StringFlag{Name: "checkpoint", Usage: "policy checkpoint folder (required for the policy and direct routers)"},
+			&cli.StringFlag{Name: "out", Usage: "output folder (default <checkpoint>/../../eval-<split>, or runs/eval-<split>)"},
+		), evalFlags()...),
+		Action: runEval,
+	}
+}
+
+// evalQuestions loads the test questions of --split or --datasets.
+func evalQuestions(cmd *cli.Command, cfg config.Config) ([]data.Example, string, error) {
+	sel := cmd.String("split")
+	names, err := data.Split(sel)
+	if cmd.IsSet("datasets") {
+		sel = strings.ReplaceAll(cmd.String("datasets"), ",", "+")
+		names, err = data.Expand(strings.Split(cmd.String("datasets"), ","))
+	}
+	if err != nil {
+		return nil, "", usageError{err}
+	}
+	cfg.Data.Test = names
+	qs, err := cfg.Data.LoadTest()
+	return qs, sel, err
+}
+
+// evalSetup opens the policy and the pool (with the extra models).
+func evalSetup(cmd *cli.Command, cfg config.Config, checkpoint string, qs []data.Example) (eval.Setup, func(), error) {
+	if p := cmd.String("extra-models"); p != "" {
+		extra, err := eval.LoadExtraModels(p)
+		if err != nil {
+			return eval.Setup{}, nil, usageError{err}
+		}
+		cfg.Pool.Models = append(cfg.Pool.Models, extra...)
+		if err := cfg.Pool.Validate(); err != nil {
+			return eval.Setup{}, nil, usageError{fmt.Errorf("%s: %w", p, err)}
+		}
+	}
+	eng, err := trainer.OpenEngine(checkpoint, torchbridge.Options{Device: cfg.Policy.Device, DType: cfg.Policy.DType})
+	if err != nil {
+		return eval.Setup{}, nil, fmt.Errorf("checkpoint %s is not a policy: %w", checkpoint, err)
+	}
+	train, val, err := cfg.Data.LoadTrain()
+	if err != nil {
+		eng.Close()
+		return eval.Setup{}, nil, err
+	}
+	env, err := trainer.NewEnv(cfg, eng, trainer.AnswerBank(train, val, qs), slog.Default())
+	if err != nil {
+		eng.Close()
+		return eval.Setup{}, nil, err
+	}
+	knnLog := cmd.String("knn-log")
+	if knnLog == "" {
+		if guess := filepath.Join(filepath.Dir(filepath.Dir(filepath.Clean(checkpoint))), "rollouts.jsonl"); fileExists(guess) {
+			knnLog = guess
+		}
+	}
+	s := eval.Setup{Env: env, Batch: cfg.Eval.Batch, Seed: cfg.Train.Seed, Largest: cmd.String("largest"),
+		Selector: cmd.String("selector"), KNNLog: knnLog, KNNK: int(cmd.Int("knn-k"))}
+	return s, func() { env.Close(); eng.Close() }, nil
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+func runEval(ctx context.Context, cmd *cli.Command) error {
+	if err := requireFlags(cmd, "checkpoint"); err != nil {
+		return err
+	}
+	cfg, err := loadConfig(cmd)
+	if err != nil {
+		return err
+	}
+	routers := splitList(cmd.String("routers"))
+	for _, r := range routers {
+		if _, ok := eval.Routers[r]; !ok {
+			return usageError{fmt.Errorf("--routers: unknown router %q (known: %s)", r, strings.Join(eval.RouterNames(), ", "))}
+		}
+	}
+	qs, sel, err := evalQuestions(cmd, cfg)
+	if err != nil {
+		return err
+	}
+	if err := setThreadsFrom(cmd, cfg); err != nil {
+		return err
+	}
+	ck := cmd.String("checkpoint")
+	s, closeAll, err := evalSetup(cmd, cfg, ck, qs)
+	if err != nil {
+		return err
+	}
+	defer closeAll()
+	if s.KNNLog == "" && contains(routers, "knn") && !cmd.IsSet("routers") {
+		routers = remove(routers, "knn") // no logged outcomes to route by
+		slog.Warn("router knn skipped: no --knn-log and no rollouts.jsonl beside the checkpoint")
+	}
+	out := cmd.String("out")
+	if out == "" {
+		out = filepath.Join(filepath.Dir(filepath.Dir(filepath.Clean(ck))), "eval-"+sel)
+		if !fileExists(filepath.Join(filepath.Dir(filepath.Dir(filepath.Clean(ck))), "config.toml")) {
+			out = filepath.Join("runs", "eval-"+sel)
+		}
+	}
+	slog.Info("evaluating", "questions", len(qs), "routers", strings.Join(routers, ","), "out", out)
+	table, err := eval.Run(ctx, s, qs, routers, out, slog.Default(), progressFunc())
+	if err != nil {
+		return err
+	}
+	if err := table.Write(out); err != nil {
+		return err
+	}
+	table.Text(os.Stdout)
+	return nil
+}
+
+func progressFunc() func(string, int, int) {
+	st, _ := os.Stderr.Stat()
+	if st == nil || st.Mode()&os.ModeCharDevice == 0 {
+		return func(r string, done, total int) {
+			if done == total {
+				slog.Info("router done", "router", r, "questions", total)
+			}
+		}
+	}
+	return func(r string, done, total int) {
+		width := 30
+		fill := width * done / max(total, 1)
+		fmt.Fprintf(os.Stderr, "\r%-8s [%s%s] %d/%d", r, strings.Repeat("=", fill), strings.Repeat(" ", width-fill), done, total)
+		if done == total {
+			fmt.Fprintln(os.Stderr)
+		}
+	}
+}
+
+func setThreadsFrom(cmd *cli.Command, cfg config.Config) error {
+	threads := cfg.Policy.Threads
+	if cmd.Root().IsSet("threads") {
+		threads = int(cmd.Root().Int("threads"))
+	}
+	return trainer.SetThreads(threads)
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func remove(list []string, s string) []string {
+	var out []string
+	for _, x := range list {
+		if x != s {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+func ablateCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "ablate",
+		Usage: "train full ReCal and its ablations (w/o LSC, w/o CAE, w/o DAO, w/o both) on the same seed and data, evaluate each, write the ablation table",
+		Flags: append(append(configFlags(),
+			&cli.StringFlag{Name: "run-dir", Value: "runs/ablate", Usage: "folder holding one run per variant and the table"},
+		), &cli.StringFlag{Name: "split", Value: "all", Usage: "test split of the table"}),
+		Action: func(ctx context.Context, cmd *cli.Command) error {
+			cfg, err := loadConfig(cmd)
+			if err != nil {
+				return err
+			}
+			if err := setThreadsFrom(cmd, cfg); err != nil {
+				return err
+			}
+			root := cmd.String("run-dir")
+			var rows []eval.Row
+			var datasets []string
+			for _, variant := range calibration.AblationNames() {
+				vc := cfg
+				edit, err := calibration.Ablation(variant)
+				if err != nil {
+					return err
+				}
+				edit(&vc.Calibration)
+				dir := filepath.Join(root, variant)
+				resume := fileExists(filepath.Join(dir, "checkpoints", "last"))
+				if !resume || !finished(dir, vc.Train.Steps) {
+					slog.Info("ablation: training", "variant", variant, "run_dir", dir, "resume", resume)
+					if err := trainer.Train(ctx, vc, trainer.Options{RunDir: dir, Resume: resume, Log: slog.Default()}); err != nil {
+						return err
+					}
+				}
+				names, err := data.Split(cmd.String("split"))
+				if err != nil {
+					return usageError{err}
+				}
+				vc.Data.Test = names
+				qs, err := vc.Data.LoadTest()
+				if err != nil {
+					return err
+				}
+				s, closeAll, err := evalSetup(cmd, vc, filepath.Join(dir, "checkpoints", "last"), qs)
+				if err != nil {
+					return err
+				}
+				table, err := eval.Run(ctx, s, qs, []string{"policy"}, filepath.Join(dir, "eval-"+cmd.String("split")), slog.Default(), progressFunc())
+				closeAll()
+				if err != nil {
+					return err
+				}
+				row := table.Rows[0]
+				row.Router = variant
+				rows = append(rows, row)
+				datasets = table.Datasets
+			}
+			t := eval.Table{Datasets: datasets, Rows: rows}
+			if err := t.Write(root); err != nil {
+				return err
+			}
+			t.Text(os.Stdout)
+			return nil
+		},
+	}
+}
+
+// finished reports whether a run's last checkpoint is at its final step.
+func finished(dir string, steps int) bool {
+	b, err := os.ReadFile(filepath.Join(dir, "checkpoints", "last", "trainer_state.json"))
+	return err == nil && strings.Contains(string(b), fmt.Sprintf("\"step\": %d,", steps))
+}
