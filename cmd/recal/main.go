@@ -16,9 +16,12 @@ import (
 	"syscall"
 
 	"github.com/urfave/cli/v3"
+
+	"github.com/recal-project/recal/torchbridge"
 )
 
 func main() {
+	torchbridge.UsePassiveOpenMP()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	os.Exit(run(ctx, os.Args))

@@ -57,6 +57,13 @@ import math
 import os
 import sys
 
+if __name__ == "__main__":
+    # Single-threaded reference: deterministic and, with Debian's torch
+    # (libgomp + OpenBLAS-pthread), faster than oversubscribed threads.
+    for _k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(_k, "1")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import numpy as np
 import torch
 
@@ -686,7 +693,7 @@ def main():
     ap.add_argument("--out", default=GOLDEN_PATH)
     args = ap.parse_args()
 
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    torch.set_num_threads(1)
     pin = pinned_prng()
     print("PRNG pin: seed 1 %s first4 = %s" % (pin["name"], pin["first4"]))
     print("          bits %s" % pin["first4_float32_bits_hex"])
