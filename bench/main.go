@@ -17,6 +17,7 @@ import (
 	"runtime"
 	"testing"
 
+	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/internal/hfmodel"
 	"github.com/recal-project/recal/torchbridge"
 )
@@ -45,6 +46,7 @@ func main() {
 	python := flag.String("python", "/usr/bin/python3", "Python with torch for the reference run; empty skips it")
 	threads := flag.Int("threads", runtime.NumCPU(), "CPU threads for both engines")
 	presets := flag.String("presets", "tiny,small", "comma-separated presets")
+	rollout := flag.Bool("rollout", true, "also run the rollout benchmark (needs runs/init/tiny)")
 	flag.IntVar(&headChunk, "head-chunk", 0, "tokens per output-head chunk in the train step (0 = the engine's default)")
 	flag.Parse()
 	if err := torchbridge.SetThreads(*threads); err != nil {
@@ -68,6 +70,15 @@ func main() {
 	if !allOK {
 		fmt.Println("\nsome rows are below 1.0× PyTorch eager")
 	}
+	if *rollout {
+		if err := rolloutBench(); err != nil {
+			fail(err)
+		}
+	}
+}
+
+func trainerOptions(cfg config.Config) torchbridge.Options {
+	return torchbridge.Options{Device: cfg.Policy.Device, DType: cfg.Policy.DType}
 }
 
 func fail(err error) {

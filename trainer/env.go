@@ -54,6 +54,16 @@ func NewEnv(cfg config.Config, eng *Engine, bank map[string][]string, log *slog.
 	return &Env{Engine: eng, Pool: pool, Prompt: prompt, Router: cfg.Router, prompts: map[string][]int32{}}, nil
 }
 
+// CheckPool builds the pool once to surface configuration and environment
+// errors (a missing API-key variable) before any work starts.
+func CheckPool(cfg config.Config) error {
+	pool, err := llmpool.New(cfg.Pool)
+	if err != nil {
+		return err
+	}
+	return pool.Close()
+}
+
 // Close closes the pool.
 func (e *Env) Close() error { return e.Pool.Close() }
 

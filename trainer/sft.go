@@ -22,6 +22,12 @@ const (
 	demoThinkAnswer = "The information gives the answer."
 )
 
+// ProtocolText holds the fixed strings of the protocol, the demonstrations
+// and the pool's replies, for building compact vocabularies.
+var ProtocolText = strings.Join([]string{router.ThinkOpen, router.ThinkClose, router.SearchOpen, router.SearchClose,
+	"\n\n" + router.InfoOpen, router.InfoClose + "\n\n", router.AnswerOpen, router.AnswerClose, demoThinkSearch, demoThinkAnswer,
+	"[simulated ] The answer is .", "[pool error: model  unavailable]", "[router: unknown model"}, "\n")
+
 // Demo is one format demonstration: prompt + policy turns + the real reply
 // of the pool model it calls.
 type Demo struct {

@@ -43,6 +43,11 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 		log = slog.Default()
 	}
 	tc := cfg.Train
+	// The pool reads its API keys from the environment: a missing one stops
+	// the job here, before any folder is written or policy loaded.
+	if err := CheckPool(cfg); err != nil {
+		return err
+	}
 	run, err := openRun(opt.RunDir, cfg, opt.Resume)
 	if err != nil {
 		return err

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -205,4 +207,89 @@ func TestResumeMatchesUninterrupted(t *testing.T) {
 			t.Errorf("final %s differs between the runs (first element %v vs %v)", name, x, y)
 		}
 	}
+}
+
+// A real OpenAI-compatible endpoint (an httptest server) in the pool: the
+// API key, set in the environment, appears in no file the run writes; a
+// missing key stops the job before anything is written.
+func TestSecretsStayOut(t *testing.T) {
+	if err := trainer.SetThreads(2); err != nil {
+		t.Fatal(err)
+	}
+	const secret = "sk-recal-test-7f3a9c1e5b"
+	calls := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls++
+		if r.Header.Get("Authorization") != "Bearer "+secret {
+			http.Error(w, `{"error":{"message":"bad key"}}`, 401)
+			return
+		}
+		fmt.Fprint(w, `{"choices":[{"message":{"role":"assistant","content":"The answer is Paris."}}],"usage":{"prompt_tokens":9,"completion_tokens":5}}`)
+	}))
+	defer srv.Close()
+	ck := microCheckpoint(t)
+	base := filepath.Join(t.TempDir(), "recal.toml")
+	text, _ := os.ReadFile("../recal.toml")
+	extra := fmt.Sprintf(`
+[[pool.models]]
+name = "remote"
+description = "an OpenAI-compatible endpoint"
+provider = "openai"
+  [pool.models.openai]
+  base_url = "%s/v1"
+  model = "test-model"
+  api_key_env = "RECAL_TEST_KEY"
+`, srv.URL)
+	// The [[pool.models]] array must stay inside [pool]: insert before [router].
+	cfgText := strings.Replace(string(text), "\n[router]", extra+"\n[router]", 1)
+	if err := os.WriteFile(base, []byte(cfgText), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	os.Symlink(filepath.Join(mustAbs(t, ".."), "data"), filepath.Join(filepath.Dir(base), "data"))
+	os.Symlink(filepath.Join(mustAbs(t, ".."), "router"), filepath.Join(filepath.Dir(base), "router"))
+	cache := filepath.Join(t.TempDir(), "cache")
+	sets := []string{"policy.checkpoint=" + ck, "pool.cache=read-write", "pool.cache_dir=" + cache, "sft.steps=2", "sft.batch_size=8",
+		"train.steps=1", "train.batch_size=2", "train.group_size=2", "data.val_per_dataset=2", "router.turn_tokens=8"}
+	cfg, err := config.Load(base, sets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := filepath.Join(t.TempDir(), "run")
+	t.Setenv("RECAL_TEST_KEY", "")
+	os.Unsetenv("RECAL_TEST_KEY")
+	err = trainer.Train(context.Background(), cfg, trainer.Options{RunDir: run})
+	if err == nil || !strings.Contains(err.Error(), "RECAL_TEST_KEY") {
+		t.Fatalf("missing API key: %v, want an error naming RECAL_TEST_KEY", err)
+	}
+	if _, err := os.Stat(run); !os.IsNotExist(err) {
+		t.Errorf("the run folder was created before the missing key was noticed")
+	}
+	t.Setenv("RECAL_TEST_KEY", secret)
+	if err := trainer.Train(context.Background(), cfg, trainer.Options{RunDir: run}); err != nil {
+		t.Fatal(err)
+	}
+	if calls == 0 {
+		t.Fatal("no request reached the endpoint; the test would prove nothing")
+	}
+	for _, dir := range []string{run, cache} {
+		filepath.Walk(dir, func(path string, info os.FileInfo, err error) error {
+			if err != nil || info.IsDir() {
+				return err
+			}
+			b, _ := os.ReadFile(path)
+			if strings.Contains(string(b), secret) {
+				t.Errorf("%s contains the API key", path)
+			}
+			return nil
+		})
+	}
+}
+
+func mustAbs(t *testing.T, p string) string {
+	t.Helper()
+	a, err := filepath.Abs(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
 }

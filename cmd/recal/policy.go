@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"encoding/json"
 	"log/slog"
 	"os"
@@ -9,6 +11,7 @@ import (
 
 	"github.com/urfave/cli/v3"
 
+	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/internal/hfmodel"
 	"github.com/recal-project/recal/tokenizer"
 	"github.com/recal-project/recal/torchbridge"
@@ -28,6 +31,7 @@ func policyCommand() *cli.Command {
 				&cli.StringFlag{Name: "out", Usage: "output folder (replaced if it exists)"},
 				&cli.Uint64Flag{Name: "seed", Value: 0, Usage: "initialisation seed"},
 				&cli.FloatFlag{Name: "init-std", Value: 0.02, Usage: "standard deviation of the weights"},
+				&cli.StringSliceFlag{Name: "trim-corpus", Usage: "trim the tokenizer to the tokens of these files or folders (QA JSONL/Parquet: questions and answers; other files: their text), for a small vocabulary (repeatable)"},
 			},
 			Action: runPolicyInit,
 		}},
@@ -43,11 +47,34 @@ func runPolicyInit(ctx context.Context, cmd *cli.Command) error {
 	if err != nil {
 		return err
 	}
+	var trimmed *tokenizer.Trimmed
+	if paths := cmd.StringSlice("trim-corpus"); len(paths) > 0 {
+		corpus, err := trimCorpus(paths)
+		if err != nil {
+			return err
+		}
+		if trimmed, err = tok.Trim(corpus); err != nil {
+			return err
+		}
+		slog.Info("tokenizer trimmed", "texts", len(corpus), "vocab", trimmed.VocabSize)
+		dir, err := os.MkdirTemp("", "recal-tok-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		os.WriteFile(filepath.Join(dir, tokenizer.TokenizerFile), trimmed.TokenizerJSON, 0o644)
+		os.WriteFile(filepath.Join(dir, tokenizer.ConfigFile), trimmed.ConfigJSON, 0o644)
+		if tok, err = tokenizer.Load(dir); err != nil {
+			return err
+		}
+		tokPath = dir
+	}
 	// Qwen2.5 pads its 151,665 ids to 151,936 embedding rows; keep that
-	// size so checkpoints match the real models' shapes.
+	// size so checkpoints match the real models' shapes. A trimmed
+	// vocabulary is padded to a multiple of 64.
 	vocab := int64(151936)
-	if v := int64(tok.VocabSize()); v > vocab {
-		vocab = (v + 127) / 128 * 128
+	if v := int64(tok.VocabSize()); trimmed != nil || v > vocab {
+		vocab = (v + 63) / 64 * 64
 	}
 	cfg, err := hfmodel.Preset(cmd.String("preset"), vocab)
 	if err != nil {
@@ -78,6 +105,9 @@ func runPolicyInit(ctx context.Context, cmd *cli.Command) error {
 			p.Aux[f] = b
 		}
 	}
+	if trimmed != nil {
+		p.Aux["tokenizer.json"], p.Aux["tokenizer_config.json"] = trimmed.TokenizerJSON, trimmed.ConfigJSON
+	}
 	gen := map[string]any{"eos_token_id": eos, "do_sample": false}
 	if tok.PadID() >= 0 {
 		gen["pad_token_id"] = tok.PadID()
@@ -89,4 +119,43 @@ func runPolicyInit(ctx context.Context, cmd *cli.Command) error {
 	}
 	slog.Info("policy initialised", "preset", cmd.String("preset"), "params", p.NumParams(), "out", cmd.String("out"))
 	return nil
+}
+
+// trimCorpus gathers the texts a trimmed tokenizer must encode compactly:
+// questions and answers of QA files, the text of other files, and the
+// protocol's own strings.
+func trimCorpus(paths []string) ([]string, error) {
+	corpus := []string{trainer.ProtocolText}
+	for _, root := range paths {
+		err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			if d.IsDir() {
+				return nil
+			}
+			switch ext := filepath.Ext(path); ext {
+			case ".jsonl", ".parquet":
+				exs, err := data.LoadFile(path, data.LoadOptions{})
+				if err != nil {
+					return err
+				}
+				for _, ex := range exs {
+					corpus = append(corpus, ex.Question, strings.Join(ex.Golden, "\n"))
+				}
+			case ".md", ".json":
+			default:
+				b, err := os.ReadFile(path)
+				if err != nil {
+					return err
+				}
+				corpus = append(corpus, string(b))
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("--trim-corpus: %w", err)
+		}
+	}
+	return corpus, nil
 }

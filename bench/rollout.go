@@ -1,0 +1,123 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/recal-project/recal/config"
+	"github.com/recal-project/recal/data"
+	"github.com/recal-project/recal/generate"
+	"github.com/recal-project/recal/router"
+	"github.com/recal-project/recal/tokenizer"
+	"github.com/recal-project/recal/trainer"
+)
+
+// forced runs the real policy's forward pass for every token, then replaces
+// the sampled token with the next one of a scripted routing trajectory, so
+// that every response makes exactly maxTurns pool calls whatever the
+// (untrained) weights would have sampled. The compute per step is the same
+// as in a real rollout.
+type forced struct {
+	inner generate.Decoder
+	turns [][]int32 // the script's turns, in tokens
+	state map[int]*struct{ turn, pos int }
+}
+
+func (f *forced) Extend(ctx context.Context, rows []int, toks [][]int32, s generate.Sampling, seed uint64) ([]int32, []float32, error) {
+	_, logp, err := f.inner.Extend(ctx, rows, toks, s, seed)
+	if err != nil {
+		return nil, nil, err
+	}
+	next := make([]int32, len(rows))
+	for k, r := range rows {
+		st := f.state[r]
+		if st == nil {
+			st = &struct{ turn, pos int }{}
+			f.state[r] = st
+		}
+		if len(toks[k]) > 1 && st.pos > 0 { // an <information> block: the next turn starts
+			st.turn, st.pos = st.turn+1, 0
+		}
+		turn := f.turns[min(st.turn, len(f.turns)-1)]
+		next[k] = turn[min(st.pos, len(turn)-1)]
+		st.pos++
+	}
+	return next, logp, nil
+}
+
+// rolloutBench rolls out 64 questions × 4 samples with up to 3 calls each to
+// a simulated model answering in 300 ms, and compares the wall time with the
+// critical path (decode time + the slowest call of each turn).
+func rolloutBench() error {
+	ctx := context.Background()
+	cfg, err := config.Load("recal.toml", []string{"policy.checkpoint=runs/init/tiny", "router.max_turns=3"})
+	if err != nil {
+		return err
+	}
+	for i := range cfg.Pool.Models {
+		cfg.Pool.Models[i].Sim.Latency = 300 * time.Millisecond
+	}
+	eng, err := trainer.OpenEngine(cfg.Policy.Checkpoint, trainerOptions(cfg))
+	if err != nil {
+		return fmt.Errorf("rollout bench needs the tiny checkpoint (make train creates it, or recal policy init --preset tiny --out runs/init/tiny): %w", err)
+	}
+	defer eng.Close()
+	train, _, err := cfg.Data.LoadTrain()
+	if err != nil {
+		return err
+	}
+	env, err := trainer.NewEnv(cfg, eng, trainer.AnswerBank(train), nil)
+	if err != nil {
+		return err
+	}
+	defer env.Close()
+	sampler, err := data.NewSampler(train, 1)
+	if err != nil {
+		return err
+	}
+	qs := sampler.Next(64)
+	const g = 4
+	var jobs []router.Job
+	longest := 0
+	for _, q := range qs {
+		p, err := env.PromptTokens(q)
+		if err != nil {
+			return err
+		}
+		longest = max(longest, len(p))
+		for range g {
+			jobs = append(jobs, router.Job{Question: trainer.Question(q), Prompt: p})
+		}
+	}
+	script := scriptTurns(eng.Tok, env.Pool.Models()[0].Name)
+	cache, err := eng.Policy.NewCache(len(jobs), longest+cfg.Router.Capacity())
+	if err != nil {
+		return err
+	}
+	defer cache.Close()
+	dec := &forced{inner: trainer.Decoder{C: cache}, turns: script, state: map[int]*struct{ turn, pos int }{}}
+	samples, st, err := router.Rollout(ctx, dec, eng.Tok, env.Pool, cfg.Router, jobs, generate.Sampling{Temperature: 1, TopP: 1}, eng.EOS, 1)
+	if err != nil {
+		return err
+	}
+	calls := 0
+	for _, s := range samples {
+		calls += len(s.CalledModels())
+	}
+	fmt.Printf("\nrollout: %d questions x G=%d, tiny policy, sim pool at 300 ms per call, up to %d turns (%d calls)\n",
+		len(qs), g, cfg.Router.MaxTurns, calls)
+	fmt.Printf("  wall time        %8.2f s\n", st.Wall.Seconds())
+	fmt.Printf("  decode time      %8.2f s\n", st.Decode.Seconds())
+	fmt.Printf("  slowest calls    %8.2f s (sum over turns)\n", st.SlowestSum.Seconds())
+	fmt.Printf("  critical path    %8.2f s\n", st.CriticalPath().Seconds())
+	fmt.Printf("  wall / critical  %8.2fx  (target <= 1.2x)\n", st.Wall.Seconds()/st.CriticalPath().Seconds())
+	return nil
+}
+
+// scriptTurns is a routing trajectory: three searches, then an answer.
+func scriptTurns(tok *tokenizer.Tokenizer, model string) [][]int32 {
+	enc := func(s string) []int32 { return trainer.ToInt32(tok.Encode(s)) }
+	search := enc("<think>I will ask a model.</think>\n<search>" + model + ": who is the author of this book and when</search>")
+	return [][]int32{search, search, search, enc("<think>Found it.</think>\n<answer>William Shakespeare</answer>")}
+}

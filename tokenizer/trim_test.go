@@ -1,0 +1,57 @@
+package tokenizer
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/text/unicode/norm"
+)
+
+// A trimmed tokenizer encodes its corpus into the same token strings with new
+// ids, still encodes anything else, and is much smaller.
+func TestTrim(t *testing.T) {
+	full, err := Load("qwen2.5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	corpus := []string{
+		"Who wrote the play Hamlet in 1600?",
+		"<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+		"<think>I will ask a model.</think>\n<search>sim-factoid: who wrote Hamlet</search>",
+		"  tabs\tand   spaces 12345 — ünïcödé 東京",
+	}
+	tr, err := full.Trim(corpus)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "tokenizer.json"), tr.TokenizerJSON, 0o644)
+	os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), tr.ConfigJSON, 0o644)
+	small, err := Load(dir)
+	if err != nil {
+		t.Fatalf("the trimmed tokenizer does not load: %v", err)
+	}
+	if small.VocabSize() != tr.VocabSize || tr.VocabSize > 2000 {
+		t.Errorf("trimmed vocabulary %d (reported %d); want a small one", small.VocabSize(), tr.VocabSize)
+	}
+	for _, text := range corpus {
+		a, b := full.Encode(text), small.Encode(text)
+		if len(a) != len(b) {
+			t.Fatalf("%q: %d tokens with the full tokenizer, %d trimmed", text, len(a), len(b))
+		}
+		for i := range a {
+			if string(full.TokenBytes(a[i])) != string(small.TokenBytes(b[i])) {
+				t.Fatalf("%q: token %d is %q in full, %q trimmed", text, i, full.TokenBytes(a[i]), small.TokenBytes(b[i]))
+			}
+		}
+	}
+	for _, other := range []string{"Zebras zigzag quickly through Ouagadougou 🦓!", "entirely new words: floccinaucinihilipilification"} {
+		if got := small.Decode(small.Encode(other)); got != norm.NFC.String(other) {
+			t.Errorf("text outside the corpus: round trip %q, want %q", got, other)
+		}
+	}
+	if small.EOS() < 0 || string(small.TokenBytes(small.EOS())) != "<|im_end|>" {
+		t.Errorf("EOS of the trimmed tokenizer: %d %q", small.EOS(), small.TokenBytes(small.EOS()))
+	}
+}
