@@ -2,12 +2,12 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"strings"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/urfave/cli/v3"
 
