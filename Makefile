@@ -68,7 +68,7 @@ bench: build $(INIT)
 # dominates a tiny model's cost, is 6x smaller.
 $(INIT):
 	./bin/recal policy init --preset tiny --tokenizer tokenizer/qwen2.5 --out runs/init/tiny --seed 0 \
-		--trim-corpus data/qa --trim-corpus router/prompt.tmpl --trim-corpus recal.toml
+		--trim-corpus data/qa --trim-corpus router --trim-corpus recal.toml
 
 # The offline default (recal.toml). RUN_DIR is replaced if it exists.
 RUN_DIR ?= runs/recal

@@ -96,7 +96,7 @@ func rolloutBench() error {
 		return err
 	}
 	defer cache.Close()
-	dec := &forced{inner: trainer.Decoder{C: cache}, turns: script, state: map[int]*struct{ turn, pos int }{}}
+	dec := &forced{inner: trainer.Decoder{C: cache, Logp: true}, turns: script, state: map[int]*struct{ turn, pos int }{}}
 	samples, st, err := router.Rollout(ctx, dec, eng.Tok, env.Pool, cfg.Router, jobs, generate.Sampling{Temperature: 1, TopP: 1}, eng.EOS, 1)
 	if err != nil {
 		return err

@@ -147,7 +147,8 @@ void qkv(const rc_policy& p, const Layer& ly, const Tensor& h, const Tensor& cos
 }
 
 // Grouped-query attention. q [n, L, heads, hd]; k, v [n, T, kv, hd];
-// mask additive float32 broadcastable to [n, kv, group, L, T].
+// mask additive float32 broadcastable to [n, kv, group, L, T], or undefined
+// when every query sees every key.
 // Returns [n, L, heads*hd].
 Tensor attend(const rc_policy& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask) {
   const auto& c = p.cfg;
@@ -156,8 +157,9 @@ Tensor attend(const rc_policy& p, const Tensor& q, const Tensor& k, const Tensor
   auto qh = q.view({n, L, kv, g, hd}).permute({0, 2, 3, 1, 4});  // [n, kv, g, L, hd]
   auto kh = k.permute({0, 2, 1, 3}).unsqueeze(2);                 // [n, kv, 1, T, hd]
   auto vh = v.permute({0, 2, 1, 3}).unsqueeze(2);
-  auto scores = torch::matmul(qh, kh.transpose(-1, -2)).to(torch::kFloat32) * (1.0 / std::sqrt((double)hd));
-  scores = scores + mask;
+  auto scores = torch::matmul(qh, kh.transpose(-1, -2)).to(torch::kFloat32);
+  scores.mul_(1.0 / std::sqrt((double)hd));  // in place: matmul's backward needs its inputs, not its output
+  if (mask.defined()) scores.add_(mask);
   auto probs = torch::softmax(scores, -1).to(p.dtype);
   auto out = torch::matmul(probs, vh);  // [n, kv, g, L, hd]
   (void)T;
@@ -707,13 +709,24 @@ int rc_cache_extend(rc_cache* c, int64_t n, const int64_t* rows, int64_t width, 
     auto steps = torch::arange(width, li.device(dev));
     auto pos = lt.unsqueeze(1) + steps.unsqueeze(0);     // [n, L]
     auto valid = steps.unsqueeze(0) < ct.unsqueeze(1);   // [n, L]
-    auto rsel = ri.unsqueeze(1).expand({n, width}).masked_select(valid);
-    auto psel = pos.masked_select(valid);
-    auto cols = torch::arange(tmax, li.device(dev));
-    // Query (r, t) may see cache columns 0..pos[r, t].
-    auto mask = torch::zeros({n, width, tmax}, torch::TensorOptions().dtype(torch::kFloat32).device(dev))
-                    .masked_fill(cols.view({1, 1, tmax}) > pos.unsqueeze(2), -std::numeric_limits<float>::infinity())
-                    .view({n, 1, 1, width, tmax});
+    // The common case: a whole block of rows at the same length, each
+    // appending the same number of tokens (a batch prefill or a decode
+    // step). K/V then go in with a strided copy, and a one-token step needs
+    // no mask at all.
+    bool uniform = contiguous;
+    for (int64_t i = 0; i < n && uniform; i++) uniform = counts[i] == width && lens[i] == lens[0];
+    Tensor rsel, psel, mask;
+    if (!uniform) {
+      rsel = ri.unsqueeze(1).expand({n, width}).masked_select(valid);
+      psel = pos.masked_select(valid);
+    }
+    if (!uniform || width > 1) {
+      auto cols = torch::arange(tmax, li.device(dev));
+      // Query (r, t) may see cache columns 0..pos[r, t].
+      mask = torch::zeros({n, width, tmax}, torch::TensorOptions().dtype(torch::kFloat32).device(dev))
+                 .masked_fill(cols.view({1, 1, tmax}) > pos.unsqueeze(2), -std::numeric_limits<float>::infinity())
+                 .view({n, 1, 1, width, tmax});
+    }
     auto [cos, sin] = rope(p, pos);
     auto x = torch::embedding(p.P(p.embed), tok);
     for (size_t l = 0; l < p.layers.size(); l++) {
@@ -721,10 +734,15 @@ int rc_cache_extend(rc_cache* c, int64_t n, const int64_t* rows, int64_t width, 
       auto h = rms_norm(x, p.P(ly.in_norm), p.cfg.rms_norm_eps);
       Tensor q, k, v;
       qkv(p, ly, h, cos, sin, q, k, v);
-      auto vm = valid.view({n, width, 1, 1});
-      auto kd = p.cfg.num_key_value_heads, hd = p.cfg.head_dim;
-      c->k[l].index_put_({rsel, psel}, k.masked_select(vm).view({-1, kd, hd}));
-      c->v[l].index_put_({rsel, psel}, v.masked_select(vm).view({-1, kd, hd}));
+      if (uniform) {
+        c->k[l].narrow(0, rows[0], n).narrow(1, lens[0], width).copy_(k);
+        c->v[l].narrow(0, rows[0], n).narrow(1, lens[0], width).copy_(v);
+      } else {
+        auto vm = valid.view({n, width, 1, 1});
+        auto kd = p.cfg.num_key_value_heads, hd = p.cfg.head_dim;
+        c->k[l].index_put_({rsel, psel}, k.masked_select(vm).view({-1, kd, hd}));
+        c->v[l].index_put_({rsel, psel}, v.masked_select(vm).view({-1, kd, hd}));
+      }
       Tensor K, V;
       if (contiguous) {  // a view, no copy: the common case of a whole batch
         K = c->k[l].narrow(0, rows[0], n).narrow(1, 0, tmax);
@@ -740,7 +758,6 @@ int rc_cache_extend(rc_cache* c, int64_t n, const int64_t* rows, int64_t width, 
     // Only the last new position of each row needs logits.
     auto last = x.gather(1, (ct - 1).view({n, 1, 1}).expand({n, 1, x.size(2)})).squeeze(1);
     auto logits = torch::linear(rms_norm(last, p.P(p.norm), p.cfg.rms_norm_eps), p.P(p.lm_head)).to(torch::kFloat32);
-    auto lse = torch::logsumexp(logits, -1);  // log-probs without a [rows, vocab] log_softmax
     Tensor next;
     if (so->temperature <= 0) {
       next = logits.argmax(-1);
@@ -767,11 +784,16 @@ int rc_cache_extend(rc_cache* c, int64_t n, const int64_t* rows, int64_t width, 
       }
       next = torch::multinomial(probs, 1, false, gen).squeeze(1);
     }
-    auto nlp = logits.gather(1, next.unsqueeze(1)).squeeze(1) - lse;
     auto next_cpu = next.to(torch::kCPU).to(torch::kInt32).contiguous();
-    auto nlp_cpu = nlp.to(torch::kCPU).contiguous();
     std::memcpy(out_tokens, next_cpu.data_ptr(), sizeof(int32_t) * n);
-    if (out_logp) std::memcpy(out_logp, nlp_cpu.data_ptr(), sizeof(float) * n);
+    if (out_logp && so->want_logp) {
+      // log p = logit − logsumexp, without a [rows, vocab] log_softmax.
+      auto nlp = logits.gather(1, next.unsqueeze(1)).squeeze(1) - torch::logsumexp(logits, -1);
+      auto nlp_cpu = nlp.to(torch::kCPU).contiguous();
+      std::memcpy(out_logp, nlp_cpu.data_ptr(), sizeof(float) * n);
+    } else if (out_logp) {
+      std::memset(out_logp, 0, sizeof(float) * n);
+    }
     if (out_logits) {
       auto lc = logits.to(torch::kCPU).contiguous();
       std::memcpy(out_logits, lc.data_ptr(), sizeof(float) * lc.numel());

@@ -159,15 +159,17 @@ int rc_cache_reset(rc_cache* c, int64_t n, const int64_t* rows, char** err);
 /* Sampling settings for one extend call. temperature 0 = greedy. */
 typedef struct rc_sample_opts {
   double temperature;
-  double top_p;     /* 1 = off */
-  int64_t top_k;    /* 0 = off */
+  double top_p;       /* 1 = off */
+  int64_t top_k;      /* 0 = off */
+  int32_t want_logp;  /* 0: out_logp is not computed (saves a pass over [rows, vocab]) */
 } rc_sample_opts;
 
 /* Appends tokens to n rows and samples the next token of each. tokens is
  * [n, width] row-major with counts[i] ≤ width valid tokens for row rows[i]
  * (counts[i] ≥ 1). Afterwards the cache holds them; out_tokens[i] receives
  * the next token sampled from the distribution after row i's last new token,
- * out_logp[i] its log-probability under the unscaled softmax. out_logits, if
+ * out_logp[i] (when sample->want_logp) its log-probability under the
+ * unscaled softmax. out_logits, if
  * not NULL, receives [n, vocab] float32 logits of that position. gen_seed
  * seeds this call's sampling (the caller advances it per step). */
 int rc_cache_extend(rc_cache* c, int64_t n, const int64_t* rows, int64_t width, const int32_t* tokens,

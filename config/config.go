@@ -88,9 +88,12 @@ type Train struct {
 // offline) with the question and answers with the reply's answer. Steps 0
 // skips the stage.
 type SFT struct {
-	Steps     int     `toml:"steps"`
-	BatchSize int     `toml:"batch_size"`
-	LR        float64 `toml:"lr"`
+	// Steps of the warm-up (0 skips it).
+	Steps int `toml:"steps"`
+	// BatchSize is the demonstrations per step.
+	BatchSize int `toml:"batch_size"`
+	// LR is the peak learning rate; it decays linearly to zero over Steps.
+	LR float64 `toml:"lr"`
 	// CorrectOnly keeps only demonstrations whose answer matches a golden answer.
 	CorrectOnly bool `toml:"correct_only"`
 }

@@ -26,7 +26,11 @@ type Config struct {
 	ForceDataset   bool              `toml:"force_dataset"`    // label every row of a file with the dataset it was found for, ignoring the rows' data_source/dataset fields
 	TestPerDataset int               `toml:"test_per_dataset"` // questions evaluated per dataset, sampled with Seed in file order; 0 keeps all (default 500)
 	ValPerDataset  int               `toml:"val_per_dataset"`  // questions per training dataset held out of training for validation, sampled with Seed; 0 for none (default 100)
-	Seed           int64             `toml:"seed"`             // seed of the test and validation samples and of the training shuffle
+	// TrainPerDataset caps the training questions of each dataset (after the
+	// validation hold-out), sampled with Seed; 0 keeps all. Equal caps give
+	// a balanced mix, as the paper's 7K NQ + 7K HotpotQA.
+	TrainPerDataset int   `toml:"train_per_dataset"`
+	Seed            int64 `toml:"seed"` // seed of the test and validation samples and of the training shuffle
 }
 
 // DefaultConfig returns the defaults: the vendored data under data/qa,
@@ -94,6 +98,9 @@ func (c Config) Validate() error {
 	if c.TestPerDataset < 0 {
 		return bad("test_per_dataset", "%d is negative (0 keeps all)", c.TestPerDataset)
 	}
+	if c.TrainPerDataset < 0 {
+		return bad("train_per_dataset", "%d is negative", c.TrainPerDataset)
+	}
 	if c.ValPerDataset < 0 {
 		return bad("val_per_dataset", "%d is negative", c.ValPerDataset)
 	}
@@ -159,11 +166,16 @@ func (c Config) LoadTrain() (train, val []Example, err error) {
 				val = append(val, ex)
 			}
 		}
+		var rest []Example
 		for _, ex := range all {
 			if !held[ex.ID] {
-				train = append(train, ex)
+				rest = append(rest, ex)
 			}
 		}
+		if c.TrainPerDataset > 0 && len(rest) > c.TrainPerDataset {
+			rest = Sample(rest, c.TrainPerDataset, c.Seed, "train/"+ds)
+		}
+		train = append(train, rest...)
 	}
 	return train, val, nil
 }

@@ -79,7 +79,7 @@ func TestCacheMatchesFullForward(t *testing.T) {
 		chunks := []int{7, 1, 1, 5, 1, 3, 1, 1, 1, 8, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}
 		for ci, k := range chunks {
 			var st torchbridge.Step
-			st.WantLogits = true
+			st.WantLogits, st.WantLogp = true, true
 			var which []int
 			for i := range seqs {
 				kk := k + i%2 // rows advance by different amounts
@@ -104,6 +104,9 @@ func TestCacheMatchesFullForward(t *testing.T) {
 				t.Fatal(err)
 			}
 			for j, i := range which {
+				if d := math.Abs(float64(res.Logp[j]) - logSoftmaxAt(res.Logits[j], res.Next[j])); d > 1e-4 {
+					t.Fatalf("log-prob of the sampled token %.6f, from the logits %.6f", res.Logp[j], logSoftmaxAt(res.Logits[j], res.Next[j]))
+				}
 				pos[i] += len(st.Tokens[j])
 				got := logSoftmaxAt(res.Logits[j], seqs[i][pos[i]])
 				if d := math.Abs(got - float64(want[i][pos[i]])); d > 1e-4 {

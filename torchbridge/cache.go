@@ -109,11 +109,13 @@ type Step struct {
 	Tokens     [][]int32 // Tokens[i] (non-empty) is appended to row Rows[i]
 	Sampling   Sampling
 	Seed       uint64 // seeds this call's sampling; callers advance it per call
+	WantLogp   bool   // compute Result.Logp (costs a pass over [len(Rows), vocab]); else it is zeros
 	WantLogits bool   // also return the [len(Rows), vocab] logits
 }
 
 // Result holds the token sampled after each row's last new token, its
-// log-probability under the untempered distribution, and optionally the logits.
+// log-probability under the untempered distribution (when asked for), and
+// optionally the logits.
 type Result struct {
 	Next   []int32
 	Logp   []float32
@@ -146,6 +148,9 @@ func (c *Cache) Extend(ctx context.Context, s Step) (Result, error) {
 		logits = make([]float32, n*c.vocab)
 	}
 	so := C.rc_sample_opts{temperature: C.double(s.Sampling.Temperature), top_p: C.double(s.Sampling.TopP), top_k: C.int64_t(s.Sampling.TopK)}
+	if s.WantLogp {
+		so.want_logp = 1
+	}
 	err := c.call(ctx, func(h *C.rc_cache) error {
 		var msg *C.char
 		rc := C.rc_cache_extend(h, C.int64_t(n), ptrI64(rows), C.int64_t(width), ptrI32(tok), ptrI64(counts), &so,

@@ -65,12 +65,17 @@ func OpenEngine(dir string, opt torchbridge.Options) (*Engine, error) {
 // Close frees the policy.
 func (e *Engine) Close() error { return e.Policy.Close() }
 
-// Decoder lets generate and router drive a torchbridge KV cache.
-type Decoder struct{ C *torchbridge.Cache }
+// Decoder lets generate and router drive a torchbridge KV cache. Logp asks
+// for the sampled tokens' log-probabilities (training needs them; greedy
+// evaluation does not).
+type Decoder struct {
+	C    *torchbridge.Cache
+	Logp bool
+}
 
 // Extend implements generate.Decoder.
 func (d Decoder) Extend(ctx context.Context, rows []int, tokens [][]int32, s generate.Sampling, seed uint64) ([]int32, []float32, error) {
-	r, err := d.C.Extend(ctx, torchbridge.Step{Rows: rows, Tokens: tokens, Seed: seed,
+	r, err := d.C.Extend(ctx, torchbridge.Step{Rows: rows, Tokens: tokens, Seed: seed, WantLogp: d.Logp,
 		Sampling: torchbridge.Sampling{Temperature: s.Temperature, TopP: s.TopP, TopK: s.TopK}})
 	return r.Next, r.Logp, err
 }

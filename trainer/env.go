@@ -98,8 +98,9 @@ func Question(ex data.Example) llmpool.Question {
 }
 
 // Roll runs the routing protocol for g responses to each question, in one
-// KV cache: response i·g+j is sample j of question i.
-func (e *Env) Roll(ctx context.Context, qs []data.Example, g int, s generate.Sampling, seed uint64) ([]router.Sample, router.Stats, error) {
+// KV cache: response i·g+j is sample j of question i. logp asks for the
+// log-probabilities of the sampled tokens (the loss needs them).
+func (e *Env) Roll(ctx context.Context, qs []data.Example, g int, s generate.Sampling, seed uint64, logp bool) ([]router.Sample, router.Stats, error) {
 	var jobs []router.Job
 	longest := 0
 	for _, q := range qs {
@@ -118,7 +119,7 @@ func (e *Env) Roll(ctx context.Context, qs []data.Example, g int, s generate.Sam
 		return nil, router.Stats{}, err
 	}
 	defer cache.Close()
-	return router.Rollout(ctx, Decoder{C: cache}, e.Engine.Tok, e.Pool, e.Router, jobs, s, e.Engine.EOS, seed)
+	return router.Rollout(ctx, Decoder{C: cache, Logp: logp}, e.Engine.Tok, e.Pool, e.Router, jobs, s, e.Engine.EOS, seed)
 }
 
 // WithPrompt returns an environment sharing e's policy and pool but with

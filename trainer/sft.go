@@ -19,13 +19,12 @@ import (
 // uniformly.
 const (
 	demoThinkSearch = "I will ask a model."
-	demoThinkAnswer = "The information gives the answer."
 )
 
 // ProtocolText holds the fixed strings of the protocol, the demonstrations
 // and the pool's replies, for building compact vocabularies.
 var ProtocolText = strings.Join([]string{router.ThinkOpen, router.ThinkClose, router.SearchOpen, router.SearchClose,
-	"\n\n" + router.InfoOpen, router.InfoClose + "\n\n", router.AnswerOpen, router.AnswerClose, demoThinkSearch, demoThinkAnswer,
+	"\n\n" + router.InfoOpen, router.InfoClose + "\n\n", router.AnswerOpen, router.AnswerClose, demoThinkSearch,
 	"[simulated ] The answer is .", "[pool error: model  unavailable]", "[router: unknown model"}, "\n")
 
 // Demo is one format demonstration: prompt + policy turns + the real reply
@@ -38,7 +37,7 @@ type Demo struct {
 
 // BuildDemos asks, for each question, a pool model chosen uniformly by a hash
 // of (seed, question) with the question itself, and writes the
-// demonstration: think, search, the reply as information, think, answer.
+// demonstration: think, search, the reply as information, answer.
 // The answer is the golden answer the reply contains, else the reply's text
 // after "answer is", else its first words.
 func BuildDemos(ctx context.Context, env *Env, qs []data.Example, seed int64) ([]Demo, error) {
@@ -67,7 +66,7 @@ func BuildDemos(ctx context.Context, env *Env, qs []data.Example, seed int64) ([
 		answer, correct := demoAnswer(replies[i].Text, q.Golden)
 		turn1 := ToInt32(tok.Encode(router.ThinkOpen + demoThinkSearch + router.ThinkClose + "\n" + router.SearchOpen + reqs[i].Model + ": " + q.Question + router.SearchClose))
 		info := router.InfoBlock(tok, replies[i].Text, env.Router.InfoTokens)
-		turn2 := ToInt32(tok.Encode(router.ThinkOpen + demoThinkAnswer + router.ThinkClose + "\n" + router.AnswerOpen + answer + router.AnswerClose))
+		turn2 := ToInt32(tok.Encode(router.AnswerOpen + answer + router.AnswerClose))
 		d := Demo{Correct: correct}
 		d.Tokens = append(append(append(append(d.Tokens, prompt...), turn1...), info...), turn2...)
 		d.Mask = make([]float32, len(d.Tokens))
@@ -110,7 +109,8 @@ type sftLine struct {
 }
 
 // runSFT is the supervised warm-up: maximum likelihood of the policy tokens
-// of format demonstrations, AdamW with grad-norm clipping.
+// of format demonstrations, AdamW with grad-norm clipping and a learning rate
+// decaying linearly from sft.lr to zero.
 func runSFT(ctx context.Context, cfg config.Config, env *Env, train []data.Example, run *runDir, log *slog.Logger) error {
 	sampler, err := data.NewSampler(train, cfg.Train.Seed+1)
 	if err != nil {
@@ -149,6 +149,10 @@ func runSFT(ctx context.Context, cfg config.Config, env *Env, train []data.Examp
 			}
 			nll += n
 		}
+		// Linear decay to zero: the warm-up ends calibrated rather than
+		// tilted by its last batches (which would bias the routing choice
+		// GRPO starts from).
+		adam.LR = cfg.SFT.LR * float64(cfg.SFT.Steps-step+1) / float64(cfg.SFT.Steps)
 		if _, err := p.Step(ctx, adam); err != nil {
 			return err
 		}

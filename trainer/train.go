@@ -145,7 +145,7 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 
 		// 2. G rollouts per question (blocking: decoding on the torch
 		// thread, pool calls fanned out concurrently meanwhile).
-		samples, rstats, err := env.Roll(ctx, qs, tc.GroupSize, sampling, stepSeed(tc.Seed, step))
+		samples, rstats, err := env.Roll(ctx, qs, tc.GroupSize, sampling, stepSeed(tc.Seed, step), true)
 		if err != nil {
 			if ctx.Err() != nil {
 				sampler.Restore(samplerBefore) // the interrupted step is redone on --resume

@@ -46,7 +46,7 @@ func Answer(ctx context.Context, env *Env, qs []data.Example, batch int) ([]Ques
 	var out []QuestionResult
 	for lo := 0; lo < len(qs); lo += batch {
 		part := qs[lo:min(lo+batch, len(qs))]
-		samples, _, err := env.Roll(ctx, part, 1, generate.Sampling{}, 0)
+		samples, _, err := env.Roll(ctx, part, 1, generate.Sampling{}, 0, false)
 		if err != nil {
 			return nil, err
 		}

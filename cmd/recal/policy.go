@@ -31,7 +31,7 @@ func policyCommand() *cli.Command {
 				&cli.StringFlag{Name: "out", Usage: "output folder (replaced if it exists)"},
 				&cli.Uint64Flag{Name: "seed", Value: 0, Usage: "initialisation seed"},
 				&cli.FloatFlag{Name: "init-std", Value: 0.02, Usage: "standard deviation of the weights"},
-				&cli.StringSliceFlag{Name: "trim-corpus", Usage: "trim the tokenizer to the tokens of these files or folders (QA JSONL/Parquet: questions and answers; other files: their text), for a small vocabulary (repeatable)"},
+				&cli.StringSliceFlag{Name: "trim-corpus", Usage: "trim the tokenizer to the tokens of these files or folders (QA JSONL/Parquet: questions and answers; .tmpl, .txt, .toml: their text), for a small vocabulary (repeatable)"},
 			},
 			Action: runPolicyInit,
 		}},
@@ -122,8 +122,9 @@ func runPolicyInit(ctx context.Context, cmd *cli.Command) error {
 }
 
 // trimCorpus gathers the texts a trimmed tokenizer must encode compactly:
-// questions and answers of QA files, the text of other files, and the
-// protocol's own strings.
+// questions and answers of QA files (.jsonl, .parquet), the text of .tmpl,
+// .txt and .toml files, and the protocol's own strings; other files are
+// skipped.
 func trimCorpus(paths []string) ([]string, error) {
 	corpus := []string{trainer.ProtocolText}
 	for _, root := range paths {
@@ -143,8 +144,7 @@ func trimCorpus(paths []string) ([]string, error) {
 				for _, ex := range exs {
 					corpus = append(corpus, ex.Question, strings.Join(ex.Golden, "\n"))
 				}
-			case ".md", ".json":
-			default:
+			case ".tmpl", ".txt", ".toml":
 				b, err := os.ReadFile(path)
 				if err != nil {
 					return err
