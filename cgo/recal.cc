@@ -112,6 +112,13 @@ struct rc_cache {
 
 namespace {
 
+uint64_t splitmix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
 Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) {
   auto xf = x.to(torch::kFloat32);
   auto var = xf.pow(2).mean(-1, true);
@@ -776,13 +783,19 @@ int rc_cache_extend(rc_cache* c, int64_t n, const int64_t* rows, int64_t width, 
         sv = sv.masked_fill(drop, -std::numeric_limits<float>::infinity());
         l = torch::full_like(l, -std::numeric_limits<float>::infinity()).scatter(1, si, sv);
       }
+      // Inverse-CDF sampling with one uniform per row drawn from (seed, row,
+      // row length): a row's draw does not depend on which other rows share
+      // the call, so rollouts are reproducible whatever order pool replies
+      // arrive in.
       auto probs = torch::softmax(l, -1);
-      auto gen = at::globalContext().defaultGenerator(dev);
-      {
-        std::lock_guard<std::mutex> lock(gen.mutex());
-        gen.set_current_seed(gen_seed);
+      std::vector<float> u(n);
+      for (int64_t i = 0; i < n; i++) {
+        uint64_t z = splitmix64(gen_seed ^ splitmix64((uint64_t)rows[i] * 0x9E3779B97F4A7C15ULL + (uint64_t)c->len[rows[i]]));
+        u[i] = (float)((double)(z >> 11) * (1.0 / 9007199254740992.0));
       }
-      next = torch::multinomial(probs, 1, false, gen).squeeze(1);
+      auto cum = probs.cumsum(-1);
+      auto target = torch::from_blob(u.data(), {n, 1}, torch::kFloat32).to(dev) * cum.narrow(1, cum.size(1) - 1, 1);
+      next = torch::searchsorted(cum, target, /*out_int32=*/false, /*right=*/true).squeeze(1).clamp_max(cum.size(1) - 1);
     }
     auto next_cpu = next.to(torch::kCPU).to(torch::kInt32).contiguous();
     std::memcpy(out_tokens, next_cpu.data_ptr(), sizeof(int32_t) * n);

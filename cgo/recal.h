@@ -170,8 +170,9 @@ typedef struct rc_sample_opts {
  * the next token sampled from the distribution after row i's last new token,
  * out_logp[i] (when sample->want_logp) its log-probability under the
  * unscaled softmax. out_logits, if
- * not NULL, receives [n, vocab] float32 logits of that position. gen_seed
- * seeds this call's sampling (the caller advances it per step). */
+ * not NULL, receives [n, vocab] float32 logits of that position. Sampling
+ * draws one uniform per row from (gen_seed, row, the row's length), so a
+ * row's sample does not depend on the other rows of the call. */
 int rc_cache_extend(rc_cache* c, int64_t n, const int64_t* rows, int64_t width, const int32_t* tokens,
                     const int64_t* counts, const rc_sample_opts* sample, uint64_t gen_seed, int32_t* out_tokens,
                     float* out_logp, float* out_logits, char** err);

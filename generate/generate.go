@@ -18,7 +18,8 @@ type Sampling struct {
 }
 
 // Decoder appends tokens to rows of a KV cache and samples each row's next
-// token. seed seeds the sampling of this call.
+// token. seed seeds the sampling; torchbridge's decoder draws per row and
+// position, so the same seed may be used for every call.
 type Decoder interface {
 	Extend(ctx context.Context, rows []int, tokens [][]int32, s Sampling, seed uint64) (next []int32, logp []float32, err error)
 }

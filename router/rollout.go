@@ -156,7 +156,6 @@ func Rollout(ctx context.Context, dec generate.Decoder, tok Tokenizer, pool Pool
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stops := []string{SearchClose, AnswerClose}
-	calls := uint64(0)
 
 	extend := func(idx []int) error {
 		if len(idx) == 0 {
@@ -167,9 +166,10 @@ func Rollout(ctx context.Context, dec generate.Decoder, tok Tokenizer, pool Pool
 			toks[k] = rows[i].feed
 		}
 		t0 := time.Now()
-		next, logp, err := dec.Extend(ctx, idx, toks, s, seed+calls)
+		// One seed for the whole rollout: the decoder draws per row and
+		// position, so samples do not depend on how rows were batched.
+		next, logp, err := dec.Extend(ctx, idx, toks, s, seed)
 		st.Decode += time.Since(t0)
-		calls++
 		if err != nil {
 			return err
 		}

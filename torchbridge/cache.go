@@ -108,7 +108,7 @@ type Step struct {
 	Rows       []int
 	Tokens     [][]int32 // Tokens[i] (non-empty) is appended to row Rows[i]
 	Sampling   Sampling
-	Seed       uint64 // seeds this call's sampling; callers advance it per call
+	Seed       uint64 // seeds sampling: a row's draw depends on (Seed, row, its length) only
 	WantLogp   bool   // compute Result.Logp (costs a pass over [len(Rows), vocab]); else it is zeros
 	WantLogits bool   // also return the [len(Rows), vocab] logits
 }
