@@ -16,38 +16,11 @@ import (
 
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/internal/hfmodel"
-	"github.com/recal-project/recal/torchbridge"
+	"github.com/recal-project/recal/internal/testpolicy"
 	"github.com/recal-project/recal/trainer"
 )
 
-// microCheckpoint writes a very small Qwen2 with the real Qwen2.5 vocabulary
-// and tokenizer, so that runs take seconds.
-func microCheckpoint(t *testing.T) string {
-	t.Helper()
-	cfg := &hfmodel.Config{Architectures: []string{"Qwen2ForCausalLM"}, ModelType: "qwen2", VocabSize: 151936,
-		HiddenSize: 16, IntermediateSize: 32, NumHiddenLayers: 1, NumAttentionHeads: 2, NumKeyValueHeads: 1,
-		MaxPositionEmbeddings: 2048, RopeTheta: 1e6, RMSNormEps: 1e-6, TieWordEmbeddings: true, EOSTokenIDs: []int64{151645, 151643}}
-	p, err := torchbridge.NewPolicy(cfg, torchbridge.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	if err := p.InitRandom(1, 0.05); err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range []string{"tokenizer.json", "tokenizer_config.json"} {
-		b, err := os.ReadFile(filepath.Join("..", "tokenizer", "qwen2.5", f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.Aux[f] = b
-	}
-	dir := filepath.Join(t.TempDir(), "init")
-	if err := p.Save(dir); err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
+func microCheckpoint(t *testing.T) string { return testpolicy.Micro(t, "..", 1) }
 
 func testConfig(t *testing.T, ck string, sets ...string) config.Config {
 	t.Helper()
