@@ -161,16 +161,17 @@ Tensor attend(const rc_policy& p, const Tensor& q, const Tensor& k, const Tensor
   const auto& c = p.cfg;
   auto n = q.size(0), L = q.size(1), T = k.size(1);
   auto kv = c.num_key_value_heads, g = c.num_attention_heads / kv, hd = c.head_dim;
-  auto qh = q.view({n, L, kv, g, hd}).permute({0, 2, 3, 1, 4});  // [n, kv, g, L, hd]
-  auto kh = k.permute({0, 2, 1, 3}).unsqueeze(2);                 // [n, kv, 1, T, hd]
-  auto vh = v.permute({0, 2, 1, 3}).unsqueeze(2);
-  auto scores = torch::matmul(qh, kh.transpose(-1, -2)).to(torch::kFloat32);
+  // The g query heads of a kv head are folded into the query dimension, so
+  // K and V are used as they are rather than broadcast (copied) g times.
+  auto qh = q.view({n, L, kv, g, hd}).permute({0, 2, 3, 1, 4}).reshape({n, kv, g * L, hd});
+  auto kh = k.permute({0, 2, 1, 3});  // [n, kv, T, hd]
+  auto vh = v.permute({0, 2, 1, 3});
+  auto scores = torch::matmul(qh, kh.transpose(-1, -2)).to(torch::kFloat32);  // [n, kv, g*L, T]
   scores.mul_(1.0 / std::sqrt((double)hd));  // in place: matmul's backward needs its inputs, not its output
-  if (mask.defined()) scores.add_(mask);
+  if (mask.defined()) scores.view({n, kv, g, L, T}).add_(mask);
   auto probs = torch::softmax(scores, -1).to(p.dtype);
-  auto out = torch::matmul(probs, vh);  // [n, kv, g, L, hd]
-  (void)T;
-  return out.permute({0, 3, 1, 2, 4}).reshape({n, L, kv * g * hd});
+  auto out = torch::matmul(probs, vh);  // [n, kv, g*L, hd]
+  return out.view({n, kv, g, L, hd}).permute({0, 3, 1, 2, 4}).reshape({n, L, kv * g * hd});
 }
 
 Tensor mlp(const rc_policy& p, const Layer& ly, const Tensor& h) {
