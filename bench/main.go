@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/recal-project/recal/config"
@@ -53,7 +54,7 @@ func main() {
 		fail(err)
 	}
 	allOK := true
-	for _, name := range splitComma(*presets) {
+	for _, name := range strings.Split(*presets, ",") {
 		ours, err := measure(name)
 		if err != nil {
 			fail(err)
@@ -84,20 +85,6 @@ func trainerOptions(cfg config.Config) torchbridge.Options {
 func fail(err error) {
 	fmt.Fprintln(os.Stderr, "bench:", err)
 	os.Exit(1)
-}
-
-func splitComma(s string) []string {
-	var out []string
-	start := 0
-	for i := 0; i <= len(s); i++ {
-		if i == len(s) || s[i] == ',' {
-			if i > start {
-				out = append(out, s[start:i])
-			}
-			start = i + 1
-		}
-	}
-	return out
 }
 
 func tokens(r *rand.Rand, n int, vocab int64) []int32 {

@@ -10,8 +10,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"math"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 
@@ -301,7 +303,7 @@ func newKNN(s Setup) (Router, error) {
 		return nil, fmt.Errorf("eval: knn: %s holds no logged pool calls", s.KNNLog)
 	}
 	r := &knnRouter{s: s, k: max(s.KNNK, 1)}
-	keys := sortedKeys(byQ)
+	keys := slices.Sorted(maps.Keys(byQ))
 	for _, q := range keys {
 		r.logged = append(r.logged, *byQ[q])
 	}
@@ -339,7 +341,7 @@ func (r *knnRouter) Answer(ctx context.Context, qs []data.Example) ([]trainer.Qu
 
 func bestModel(scores map[string][2]float64, fallback string) string {
 	best, bestV := fallback, -1.0
-	for _, m := range sortedKeys(scores) {
+	for _, m := range slices.Sorted(maps.Keys(scores)) {
 		s := scores[m]
 		if s[1] > 0 && s[0]/s[1] > bestV {
 			best, bestV = m, s[0]/s[1]
@@ -366,13 +368,4 @@ func cosine(a, b map[string]float64) float64 {
 		s += x * b[w]
 	}
 	return s
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

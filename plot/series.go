@@ -1,6 +1,7 @@
 package plot
 
 import (
+	"maps"
 	"slices"
 	"sort"
 
@@ -48,7 +49,7 @@ func mapSeries(recs []stepped[metricsRecord], field func(metricsRecord) map[stri
 		if m == nil {
 			continue
 		}
-		for _, k := range sortedKeys(m) {
+		for _, k := range slices.Sorted(maps.Keys(m)) {
 			if _, ok := index[k]; !ok {
 				index[k] = len(out)
 				out = append(out, series{name: k})
@@ -86,7 +87,7 @@ func mapSeries(recs []stepped[metricsRecord], field func(metricsRecord) map[stri
 func validationSeries(recs []stepped[validationRecord]) (datasets []series, avg *series) {
 	index := map[string]int{}
 	for _, r := range recs {
-		for _, name := range sortedKeys(r.rec.Datasets) {
+		for _, name := range slices.Sorted(maps.Keys(r.rec.Datasets)) {
 			s := r.rec.Datasets[name]
 			if s == nil || s.F1 == nil {
 				continue
@@ -125,13 +126,4 @@ func movingAverage(xys plotter.XYs, window int) plotter.XYs {
 		out[i] = plotter.XY{X: p.X, Y: sum / float64(min(i+1, window))}
 	}
 	return out
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

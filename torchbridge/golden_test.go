@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -151,7 +152,7 @@ func goldenPolicy(t *testing.T, g *golden, ci int) *torchbridge.Policy {
 		t.Fatalf("%s: the reference has %d tensors, the policy %d", c.Name, len(c.Tensors), len(p.Params()))
 	}
 	for _, tn := range c.Tensors {
-		if !sameShape(shapes[tn.Name], tn.Shape) {
+		if !slices.Equal(shapes[tn.Name], tn.Shape) {
 			t.Fatalf("%s: tensor %s: policy shape %v, reference %v", c.Name, tn.Name, shapes[tn.Name], tn.Shape)
 		}
 		n := int64(1)
@@ -173,18 +174,6 @@ func goldenPolicy(t *testing.T, g *golden, ci int) *torchbridge.Policy {
 		}
 	}
 	return p
-}
-
-func sameShape(a, b []int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // Greedy generation equals the reference's on every case (tied and untied
@@ -237,7 +226,7 @@ func TestGoldenGreedy(t *testing.T) {
 				}
 			}
 			for i, r := range c.Results {
-				if !equalIDs32(got[i], r.Generated) {
+				if !slices.Equal(got[i], r.Generated) {
 					t.Errorf("prompt %d: generated %v, reference %v", i, got[i], r.Generated)
 				}
 			}
@@ -348,18 +337,6 @@ func equalIDs(a []int, b []int32) bool {
 	}
 	for i := range a {
 		if int32(a[i]) != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
-func equalIDs32(a, b []int32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
 			return false
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"unsafe"
 
@@ -168,7 +169,7 @@ func (p *Policy) loadWeights(w *hfmodel.Weights, dir string) error {
 		if _, ok := hfmodel.DTypeSize[t.DType]; !ok {
 			return fmt.Errorf("torchbridge: %s: tensor %q: unsupported dtype %q (want F32, BF16 or F16)", t.Path(), pr.Name, t.DType)
 		}
-		if !sameShape(t.Shape, pr.Shape) {
+		if !slices.Equal(t.Shape, pr.Shape) {
 			return fmt.Errorf("torchbridge: %s: tensor %q: shape %v, want %v", t.Path(), pr.Name, t.Shape, pr.Shape)
 		}
 		b, err := w.Read(t)
@@ -180,18 +181,6 @@ func (p *Policy) loadWeights(w *hfmodel.Weights, dir string) error {
 		}
 	}
 	return nil
-}
-
-func sameShape(a, b []int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // Config returns the architecture.

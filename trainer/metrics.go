@@ -3,6 +3,7 @@ package trainer
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"strings"
 	"time"
@@ -74,7 +75,7 @@ func stepMetrics(step int, samples []router.Sample, rewards []router.Rewards, ca
 	for _, a := range cal.Advantages {
 		sq += (a - mean) * (a - mean) / n
 	}
-	m.Advantage = sqrt(sq)
+	m.Advantage = math.Sqrt(sq)
 	if loss.Tokens > 0 {
 		m.Entropy = loss.Entropy / loss.Tokens
 		m.KL = loss.KL / loss.Tokens
@@ -95,17 +96,6 @@ func stepMetrics(step int, samples []router.Sample, rewards []router.Rewards, ca
 	m.Cost = tot.Cost
 	m.PoolFailures = tot.Failures
 	return m
-}
-
-func sqrt(x float64) float64 {
-	if x <= 0 {
-		return 0
-	}
-	z := x
-	for range 40 {
-		z = (z + x/z) / 2
-	}
-	return z
 }
 
 // progress shows a bar on a terminal and plain log lines otherwise.

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/urfave/cli/v3"
@@ -133,8 +134,8 @@ func runEval(ctx context.Context, cmd *cli.Command) error {
 		return err
 	}
 	defer closeAll()
-	if s.KNNLog == "" && contains(routers, "knn") && !cmd.IsSet("routers") {
-		routers = remove(routers, "knn") // no logged outcomes to route by
+	if s.KNNLog == "" && slices.Contains(routers, "knn") && !cmd.IsSet("routers") {
+		routers = slices.DeleteFunc(routers, func(r string) bool { return r == "knn" }) // no logged outcomes to route by
 		slog.Warn("router knn skipped: no --knn-log and no rollouts.jsonl beside the checkpoint")
 	}
 	out := cmd.String("out")
@@ -188,25 +189,6 @@ func splitList(s string) []string {
 	for _, p := range strings.Split(s, ",") {
 		if p = strings.TrimSpace(p); p != "" {
 			out = append(out, p)
-		}
-	}
-	return out
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
-}
-
-func remove(list []string, s string) []string {
-	var out []string
-	for _, x := range list {
-		if x != s {
-			out = append(out, x)
 		}
 	}
 	return out
