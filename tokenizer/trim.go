@@ -28,7 +28,14 @@ type Trimmed struct {
 // corpus encodes into more, shorter tokens. Used to give a small offline
 // policy a vocabulary in proportion to its size; the files are ordinary
 // Hugging Face tokenizer files.
-func (t *Tokenizer) Trim(corpus []string) (*Trimmed, error) {
+//
+// maxVocab > 0 caps the vocabulary (added tokens not counted): the corpus's
+// tokens are taken from the most frequent down, each with the parts it is
+// merged from, while they fit. Rarer words then encode into several kept
+// pieces, so the corpus no longer keeps its exact token strings. A small
+// model trained from scratch then sees every kept token often enough to
+// learn its embedding, which copying a rare name out of the prompt needs.
+func (t *Tokenizer) Trim(corpus []string, maxVocab int) (*Trimmed, error) {
 	src, err := os.ReadFile(t.path)
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: trim: %w", err)
@@ -58,32 +65,57 @@ func (t *Tokenizer) Trim(corpus []string) (*Trimmed, error) {
 		producers[m[0]+m[1]] = append(producers[m[0]+m[1]], m)
 	}
 	keep := map[string]bool{}
-	var queue []string
-	add := func(s string) {
-		if !keep[s] {
-			keep[s] = true
-			queue = append(queue, s)
-		}
-	}
 	for s := range vocab {
 		if utf8.RuneCountInString(s) == 1 {
-			add(s)
+			keep[s] = true
 		}
 	}
+	// parts returns s and, recursively, the parts of every merge producing
+	// it that are not kept yet.
+	parts := func(s string) []string {
+		out := []string{s}
+		seen := map[string]bool{s: true}
+		for i := 0; i < len(out); i++ {
+			for _, m := range producers[out[i]] {
+				for _, p := range m {
+					if !keep[p] && !seen[p] {
+						seen[p] = true
+						out = append(out, p)
+					}
+				}
+			}
+		}
+		return out
+	}
+	commit := func(xs []string) {
+		for _, x := range xs {
+			keep[x] = true
+		}
+	}
+	count := map[string]int{}
+	var order []string // the corpus's tokens in order of first appearance
 	for _, text := range corpus {
 		for _, id := range t.Encode(text) {
 			if s, ok := byID[id]; ok {
-				add(s)
+				if count[s] == 0 {
+					order = append(order, s)
+				}
+				count[s]++
 			}
 		}
 	}
-	for len(queue) > 0 {
-		s := queue[0]
-		queue = queue[1:]
-		for _, m := range producers[s] {
-			add(m[0])
-			add(m[1])
+	if maxVocab > 0 {
+		sort.SliceStable(order, func(i, j int) bool { return count[order[i]] > count[order[j]] })
+	}
+	for _, s := range order {
+		if keep[s] {
+			continue
 		}
+		xs := parts(s)
+		if maxVocab > 0 && len(keep)+len(xs) > maxVocab {
+			break
+		}
+		commit(xs)
 	}
 	kept := make([]string, 0, len(keep))
 	for s := range keep {

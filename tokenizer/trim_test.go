@@ -21,7 +21,7 @@ func TestTrim(t *testing.T) {
 		"<think>I will ask a model.</think>\n<search>sim-factoid: who wrote Hamlet</search>",
 		"  tabs\tand   spaces 12345 — ünïcödé 東京",
 	}
-	tr, err := full.Trim(corpus)
+	tr, err := full.Trim(corpus, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,5 +53,49 @@ func TestTrim(t *testing.T) {
 	}
 	if small.EOS() < 0 || string(small.TokenBytes(small.EOS())) != "<|im_end|>" {
 		t.Errorf("EOS of the trimmed tokenizer: %d %q", small.EOS(), small.TokenBytes(small.EOS()))
+	}
+}
+
+// A capped trim keeps the corpus's most frequent tokens within the cap; text
+// whose tokens were dropped still round-trips, in more pieces.
+func TestTrimCap(t *testing.T) {
+	full, err := Load("qwen2.5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var corpus []string
+	for range 50 {
+		corpus = append(corpus, "the capital of the country", "who wrote the song")
+	}
+	corpus = append(corpus, "Ouagadougou floccinaucinihilipilification")
+	const limit = 300 // the 256 single bytes plus room for a few dozen tokens
+	tr, err := full.Trim(corpus, limit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "tokenizer.json"), tr.TokenizerJSON, 0o644)
+	os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), tr.ConfigJSON, 0o644)
+	small, err := Load(dir)
+	if err != nil {
+		t.Fatalf("the capped tokenizer does not load: %v", err)
+	}
+	if n := small.VocabSize() - len(full.addedID); n > limit || n <= 256 || small.VocabSize() != tr.VocabSize {
+		t.Errorf("capped vocabulary: %d ids besides the added tokens (reported %d in all), want 257..%d", n, tr.VocabSize, limit)
+	}
+	for _, text := range []string{"the capital of the country", "who wrote the song"} {
+		a, b := full.Encode(text), small.Encode(text)
+		if len(a) != len(b) {
+			t.Errorf("%q: frequent text should keep its tokens: %d full, %d capped", text, len(a), len(b))
+		}
+	}
+	rare := "Ouagadougou floccinaucinihilipilification"
+	if a, b := full.Encode(rare), small.Encode(rare); len(b) <= len(a) {
+		t.Errorf("%q: rare text should split into more pieces: %d full, %d capped", rare, len(a), len(b))
+	}
+	for _, text := range append(corpus[:2], rare, "Zebras 🦓 zigzag!") {
+		if got := small.Decode(small.Encode(text)); got != norm.NFC.String(text) {
+			t.Errorf("round trip %q, want %q", got, text)
+		}
 	}
 }
