@@ -166,6 +166,12 @@ type SimConfig struct {
 	FailureRate float64 `toml:"failure_rate"`
 	// Seed makes the simulator's draws differ between runs. Default 0.
 	Seed int64 `toml:"seed"`
+	// IgnoreQuery skips the relevance rule: the chance of a correct reply is
+	// accuracy[dataset] whatever the sub-query says (the draw still depends
+	// on it). For policies too small to write a sub-query, such as the
+	// offline default's tiny one trained from scratch in minutes: routing,
+	// not query writing, is then what they learn. Default false.
+	IgnoreQuery bool `toml:"ignore_query"`
 }
 
 // Defaults returns a Config with the pool-level defaults and no models.

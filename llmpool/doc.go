@@ -42,6 +42,7 @@
 //     W(q.Text) minus English stop words and question words (a fixed list,
 //     simStopWords in sim.go). No stemming: "founder" does not match "founded".
 //     r = 1 when C(q) is empty. An empty sub-query has r = 0.
+//     With sim.ignore_query = true, r = 1 whatever the sub-query.
 //  2. The probability of a correct reply is p = accuracy[d] · r, with
 //     accuracy[d] from sim.accuracy (dataset matched without case), else
 //     sim.default_accuracy.

@@ -67,13 +67,14 @@ type simKey struct {
 	Question        string             `json:"question"`
 	Golden          []string           `json:"golden"`
 	Query           string             `json:"query"`
+	IgnoreQuery     bool               `json:"ignore_query,omitempty"`
 }
 
 func (s *sim) cacheKey(call providerCall) any {
 	k := simKey{
 		Model: s.name, Seed: s.cfg.Seed, Accuracy: s.accuracy, DefaultAccuracy: s.cfg.DefaultAccuracy,
 		TokensIn: s.cfg.TokensIn, TokensOut: s.cfg.TokensOut, FailureRate: s.cfg.FailureRate,
-		AnswerBank: s.bankDigest, Query: call.Query,
+		AnswerBank: s.bankDigest, Query: call.Query, IgnoreQuery: s.cfg.IgnoreQuery,
 	}
 	if q := call.Question; q != nil {
 		k.QuestionID, k.Dataset, k.Question, k.Golden = q.ID, q.Dataset, q.Text, q.Golden
@@ -103,7 +104,8 @@ func (s *sim) complete(ctx context.Context, call providerCall) (completion, erro
 	return c, nil
 }
 
-// pCorrect is accuracy[dataset] times the relevance of the query.
+// pCorrect is accuracy[dataset] times the relevance of the query (1 with
+// ignore_query).
 func (s *sim) pCorrect(call providerCall) float64 {
 	q := call.Question
 	if q == nil {
@@ -112,6 +114,9 @@ func (s *sim) pCorrect(call providerCall) float64 {
 	acc, ok := s.accuracy[strings.ToLower(q.Dataset)]
 	if !ok {
 		acc = s.cfg.DefaultAccuracy
+	}
+	if s.cfg.IgnoreQuery {
+		return acc
 	}
 	return acc * relevance(q.Text, call.Query)
 }

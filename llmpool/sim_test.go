@@ -78,6 +78,23 @@ func TestSimAccuracyFollowsConfigAndRelevance(t *testing.T) {
 		{name: "empty query is always wrong", dataset: "perfect", query: func(int) string { return "   " }, want: 0},
 		{name: "fully relevant with accuracy 1 is always right", dataset: "perfect", query: full, want: 1},
 	}
+	ignoring := newTestPool(t, testConfig(simModel("sim-a", SimConfig{
+		Accuracy: map[string]float64{"perfect": 1, "nq": 0.6}, Seed: 7, IgnoreQuery: true,
+	})))
+	irrelevant := func(int) string { return "weather forecast for tomorrow" }
+	for _, tc := range []struct {
+		name, dataset string
+		want          float64
+	}{
+		{"ignore_query: irrelevant query, accuracy 1", "perfect", 1},
+		{"ignore_query: irrelevant query, accuracy 0.6", "nq", 0.6},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := accuracyOf(t, ignoring, "sim-a", tc.dataset, 4000, irrelevant); got < tc.want-0.04 || got > tc.want+0.04 {
+				t.Errorf("accuracy %.3f, want %.3f +- 0.04 (accuracy[dataset], the query ignored)", got, tc.want)
+			}
+		})
+	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			got := accuracyOf(t, p, "sim-a", tc.dataset, 4000, tc.query)
