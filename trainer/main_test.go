@@ -8,6 +8,6 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	torchbridge.UsePassiveOpenMP() // see its doc: idle OpenMP threads must not spin
+	torchbridge.UseCPURuntimeEnv() // see its doc: no spinning OpenMP threads, no mmap churn
 	os.Exit(m.Run())
 }

@@ -21,7 +21,7 @@ import (
 )
 
 func main() {
-	torchbridge.UsePassiveOpenMP()
+	torchbridge.UseCPURuntimeEnv()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	os.Exit(run(ctx, os.Args))
