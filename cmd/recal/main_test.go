@@ -13,7 +13,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	torchbridge.UsePassiveOpenMP()
+	torchbridge.UseCPURuntimeEnv()
 	os.Exit(m.Run())
 }
 
