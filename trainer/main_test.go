@@ -8,6 +8,6 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	torchbridge.UseCPURuntimeEnv() // see its doc: no spinning OpenMP threads, no mmap churn
+	torchbridge.UsePassiveOpenMP() // see its doc: idle OpenMP threads must not spin
 	os.Exit(m.Run())
 }

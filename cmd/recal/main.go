@@ -21,7 +21,7 @@ import (
 )
 
 func main() {
-	torchbridge.UseCPURuntimeEnv()
+	torchbridge.UsePassiveOpenMP()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	os.Exit(run(ctx, os.Args))
