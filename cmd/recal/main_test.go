@@ -13,7 +13,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	torchbridge.UseCPURuntimeEnv()
+	torchbridge.UsePassiveOpenMP()
 	os.Exit(m.Run())
 }
 
