@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/urfave/cli/v3"
@@ -21,10 +22,26 @@ import (
 )
 
 func main() {
-	torchbridge.UsePassiveOpenMP()
+	torchbridge.UsePassiveOpenMP(trains(os.Args[1:]))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	os.Exit(run(ctx, os.Args))
+}
+
+// trains reports whether the command line runs a training command (train,
+// ablate): the first argument that is neither a global flag nor its value.
+func trains(args []string) bool {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if strings.HasPrefix(a, "-") {
+			if !strings.Contains(a, "=") {
+				i++ // --threads N, --log-level L: every global flag takes a value
+			}
+			continue
+		}
+		return a == "train" || a == "ablate"
+	}
+	return false
 }
 
 // usageError marks errors in how recal was called.

@@ -13,7 +13,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	torchbridge.UsePassiveOpenMP()
+	torchbridge.UsePassiveOpenMP(false)
 	os.Exit(m.Run())
 }
 
@@ -90,5 +90,23 @@ func TestCLI(t *testing.T) {
 				t.Errorf("logs leaked into stdout: %q", stdout)
 			}
 		})
+	}
+}
+
+func TestTrains(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want bool
+	}{
+		{[]string{"train", "--config", "recal.toml"}, true},
+		{[]string{"--threads", "1", "train"}, true},
+		{[]string{"--log-level=debug", "ablate"}, true},
+		{[]string{"eval", "--split", "ood"}, false},
+		{[]string{"--threads", "2", "generate", "train"}, false},
+		{nil, false},
+	} {
+		if got := trains(tc.args); got != tc.want {
+			t.Errorf("trains(%q) = %v, want %v", tc.args, got, tc.want)
+		}
 	}
 }
