@@ -19,6 +19,20 @@ type Trimmed struct {
 	VocabSize     int    // ids in the new tokenizer, added tokens included
 }
 
+// Save writes the trimmed tokenizer's files into dir (tokenizer_config.json
+// only when the source had one), ready for Load.
+func (tr *Trimmed) Save(dir string) error {
+	if err := os.WriteFile(filepath.Join(dir, TokenizerFile), tr.TokenizerJSON, 0o644); err != nil {
+		return fmt.Errorf("tokenizer: trim: %w", err)
+	}
+	if tr.ConfigJSON != nil {
+		if err := os.WriteFile(filepath.Join(dir, ConfigFile), tr.ConfigJSON, 0o644); err != nil {
+			return fmt.Errorf("tokenizer: trim: %w", err)
+		}
+	}
+	return nil
+}
+
 // Trim writes a smaller byte-level BPE tokenizer that encodes every text of
 // corpus into exactly the same token strings as t does, with dense new ids.
 // It keeps the single-byte tokens (so any text still encodes), the added

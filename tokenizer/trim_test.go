@@ -1,8 +1,6 @@
 package tokenizer
 
 import (
-	"os"
-	"path/filepath"
 	"testing"
 
 	"golang.org/x/text/unicode/norm"
@@ -26,8 +24,9 @@ func TestTrim(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	os.WriteFile(filepath.Join(dir, "tokenizer.json"), tr.TokenizerJSON, 0o644)
-	os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), tr.ConfigJSON, 0o644)
+	if err := tr.Save(dir); err != nil {
+		t.Fatal(err)
+	}
 	small, err := Load(dir)
 	if err != nil {
 		t.Fatalf("the trimmed tokenizer does not load: %v", err)
@@ -74,8 +73,9 @@ func TestTrimCap(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	os.WriteFile(filepath.Join(dir, "tokenizer.json"), tr.TokenizerJSON, 0o644)
-	os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), tr.ConfigJSON, 0o644)
+	if err := tr.Save(dir); err != nil {
+		t.Fatal(err)
+	}
 	small, err := Load(dir)
 	if err != nil {
 		t.Fatalf("the capped tokenizer does not load: %v", err)

@@ -63,8 +63,9 @@ func runPolicyInit(ctx context.Context, cmd *cli.Command) error {
 			return err
 		}
 		defer os.RemoveAll(dir)
-		os.WriteFile(filepath.Join(dir, tokenizer.TokenizerFile), trimmed.TokenizerJSON, 0o644)
-		os.WriteFile(filepath.Join(dir, tokenizer.ConfigFile), trimmed.ConfigJSON, 0o644)
+		if err := trimmed.Save(dir); err != nil {
+			return err
+		}
 		if tok, err = tokenizer.Load(dir); err != nil {
 			return err
 		}
