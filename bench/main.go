@@ -43,7 +43,7 @@ type result struct {
 }
 
 func main() {
-	torchbridge.UsePassiveOpenMP(false)
+	torchbridge.UsePassiveOpenMP()
 	python := flag.String("python", "/usr/bin/python3", "Python with torch for the reference run; empty skips it")
 	threads := flag.Int("threads", runtime.NumCPU(), "CPU threads for both engines")
 	presets := flag.String("presets", "tiny,small", "comma-separated presets")

@@ -8,6 +8,6 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	torchbridge.UsePassiveOpenMP(false) // see its doc: idle OpenMP threads must not spin
+	torchbridge.UsePassiveOpenMP() // see its doc: idle OpenMP threads must not spin
 	os.Exit(m.Run())
 }

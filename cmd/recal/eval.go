@@ -202,6 +202,7 @@ func ablateCommand() *cli.Command {
 			&cli.StringFlag{Name: "run-dir", Value: "runs/ablate", Usage: "folder holding one run per variant and the table"},
 		), &cli.StringFlag{Name: "split", Value: "all", Usage: "test split of the table"}),
 		Action: func(ctx context.Context, cmd *cli.Command) error {
+			torchbridge.UseTrainingMalloc()
 			cfg, err := loadConfig(cmd)
 			if err != nil {
 				return err

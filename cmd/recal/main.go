@@ -13,7 +13,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 
 	"github.com/urfave/cli/v3"
@@ -22,26 +21,10 @@ import (
 )
 
 func main() {
-	torchbridge.UsePassiveOpenMP(trains(os.Args[1:]))
+	torchbridge.UsePassiveOpenMP()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	os.Exit(run(ctx, os.Args))
-}
-
-// trains reports whether the command line runs a training command (train,
-// ablate): the first argument that is neither a global flag nor its value.
-func trains(args []string) bool {
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		if strings.HasPrefix(a, "-") {
-			if !strings.Contains(a, "=") {
-				i++ // --threads N, --log-level L: every global flag takes a value
-			}
-			continue
-		}
-		return a == "train" || a == "ablate"
-	}
-	return false
 }
 
 // usageError marks errors in how recal was called.

@@ -12,6 +12,7 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/recal-project/recal/config"
+	"github.com/recal-project/recal/torchbridge"
 	"github.com/recal-project/recal/trainer"
 )
 
@@ -44,6 +45,7 @@ func trainCommand() *cli.Command {
 			&cli.BoolFlag{Name: "resume", Usage: "continue the run in --run-dir from its last checkpoint"},
 		),
 		Action: func(ctx context.Context, cmd *cli.Command) error {
+			torchbridge.UseTrainingMalloc()
 			cfg, err := loadConfig(cmd)
 			if err != nil {
 				return err
@@ -53,11 +55,7 @@ func trainCommand() *cli.Command {
 				name := strings.TrimSuffix(filepath.Base(cmd.String("config")), filepath.Ext(cmd.String("config")))
 				runDir = filepath.Join("runs", name)
 			}
-			threads := cfg.Policy.Threads
-			if cmd.Root().IsSet("threads") {
-				threads = int(cmd.Root().Int("threads"))
-			}
-			if err := trainer.SetThreads(threads); err != nil {
+			if err := setThreadsFrom(cmd, cfg); err != nil {
 				return err
 			}
 			start := time.Now()
