@@ -66,8 +66,10 @@ bench: build $(INIT)
 # Its tokenizer is Qwen2.5's trimmed to the 4,000 tokens most frequent in the
 # vendored data and the protocol (instead of 151.9k ids), so the output head,
 # which dominates a tiny model's cost, is 38x smaller, and every token is seen
-# often enough in training for the policy to learn to copy it.
-$(INIT): Makefile
+# often enough in training for the policy to learn to copy it. It is made
+# again when what it is trimmed to changes (recal.toml: the pool's names and
+# descriptions; comments do not count).
+$(INIT): Makefile recal.toml $(wildcard router/*.tmpl)
 	./bin/recal policy init --preset tiny --tokenizer tokenizer/qwen2.5 --out runs/init/tiny --seed 0 \
 		--trim-corpus data/qa --trim-corpus router --trim-corpus recal.toml --trim-vocab 4000
 

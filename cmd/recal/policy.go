@@ -7,8 +7,10 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 
+	"github.com/BurntSushi/toml"
 	"github.com/urfave/cli/v3"
 
 	"github.com/recal-project/recal/data"
@@ -124,9 +126,10 @@ func runPolicyInit(ctx context.Context, cmd *cli.Command) error {
 }
 
 // trimCorpus gathers the texts a trimmed tokenizer must encode compactly:
-// questions and answers of QA files (.jsonl, .parquet), the text of .tmpl,
-// .txt and .toml files, and the protocol's own strings; other files are
-// skipped.
+// questions and answers of QA files (.jsonl, .parquet), the text of .tmpl
+// and .txt files, the string values of .toml files (model names and
+// descriptions; not comments, so editing a comment does not change the
+// vocabulary), and the protocol's own strings; other files are skipped.
 func trimCorpus(paths []string) ([]string, error) {
 	corpus := []string{trainer.ProtocolText}
 	for _, root := range paths {
@@ -146,12 +149,18 @@ func trimCorpus(paths []string) ([]string, error) {
 				for _, ex := range exs {
 					corpus = append(corpus, ex.Question, strings.Join(ex.Golden, "\n"))
 				}
-			case ".tmpl", ".txt", ".toml":
+			case ".tmpl", ".txt":
 				b, err := os.ReadFile(path)
 				if err != nil {
 					return err
 				}
 				corpus = append(corpus, string(b))
+			case ".toml":
+				var v map[string]any
+				if _, err := toml.DecodeFile(path, &v); err != nil {
+					return fmt.Errorf("%s: %w", path, err)
+				}
+				corpus = append(corpus, tomlStrings(v, nil)...)
 			}
 			return nil
 		})
@@ -160,4 +169,31 @@ func trimCorpus(paths []string) ([]string, error) {
 		}
 	}
 	return corpus, nil
+}
+
+// tomlStrings appends every string value in v (tables and arrays included),
+// in a fixed order.
+func tomlStrings(v any, out []string) []string {
+	switch x := v.(type) {
+	case string:
+		out = append(out, x)
+	case map[string]any:
+		keys := make([]string, 0, len(x))
+		for k := range x {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			out = tomlStrings(x[k], out)
+		}
+	case []map[string]any:
+		for _, e := range x {
+			out = tomlStrings(e, out)
+		}
+	case []any:
+		for _, e := range x {
+			out = tomlStrings(e, out)
+		}
+	}
+	return out
 }
