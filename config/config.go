@@ -96,6 +96,11 @@ type SFT struct {
 	LR float64 `toml:"lr"`
 	// CorrectOnly keeps only demonstrations whose answer matches a golden answer.
 	CorrectOnly bool `toml:"correct_only"`
+	// AnswerWeight weighs the loss of the answer turn's tokens against the
+	// other policy tokens (1 = plain token mean). Copying the answer out of
+	// <information> is the hardest thing a policy trained from scratch
+	// learns in the warm-up.
+	AnswerWeight float64 `toml:"answer_weight"`
 }
 
 // Eval configures evaluation ([eval]).
@@ -129,7 +134,7 @@ func Default() Config {
 		Train: Train{Steps: 150, BatchSize: 64, GroupSize: 4, MiniBatches: 1, MicroBatch: 16, Temperature: 1, TopP: 1,
 			LR: 1e-6, WeightDecay: 0.01, Beta1: 0.9, Beta2: 0.999, AdamEps: 1e-8, MaxGradNorm: 1, ClipEps: 0.2,
 			KLCoef: 0.001, EMADecay: 0.9, CheckpointEvery: 25, ValidateEvery: 25, HeadChunk: 1024, LogEvery: 10},
-		SFT:  SFT{Steps: 0, BatchSize: 16, LR: 1e-4},
+		SFT:  SFT{Steps: 0, BatchSize: 16, LR: 1e-4, AnswerWeight: 1},
 		Eval: Eval{Batch: 64},
 	}
 }
@@ -267,6 +272,7 @@ func (c *Config) Validate() error {
 		{c.SFT.Steps < 0, "sft.steps must be ≥ 0"},
 		{c.SFT.Steps > 0 && c.SFT.BatchSize < 1, "sft.batch_size must be ≥ 1"},
 		{c.SFT.Steps > 0 && c.SFT.LR <= 0, "sft.lr must be > 0"},
+		{c.SFT.Steps > 0 && c.SFT.AnswerWeight <= 0, "sft.answer_weight must be > 0"},
 		{c.Eval.Batch < 1, "eval.batch must be ≥ 1"},
 	}
 	for _, ch := range checks {

@@ -46,6 +46,7 @@ func TestParse(t *testing.T) {
 		{name: "malformed set", text: base, sets: []string{"policy.dtype"}, wantErr: "key=value"},
 		{name: "tau_min > tau_max", text: base, sets: []string{"calibration.tau_min=1.5"}, wantErr: "calibration.tau_min"},
 		{name: "group size 1", text: base, sets: []string{"train.group_size=1"}, wantErr: "train.group_size"},
+		{name: "answer weight 0", text: base, sets: []string{"sft.steps=5", "sft.answer_weight=0"}, wantErr: "sft.answer_weight"},
 		{name: "weights all zero", text: base, sets: []string{"calibration.weights.ans=0", "calibration.weights.info=0",
 			"calibration.weights.format=0", "calibration.weights.route=0", "calibration.weights.balance=0"}, wantErr: "weights"},
 		{name: "pool entry without base_url", text: base + `

@@ -40,7 +40,7 @@ type Demo struct {
 // demonstration: think, search, the reply as information, answer.
 // The answer is the golden answer the reply contains, else the reply's text
 // after "answer is", else its first words.
-func BuildDemos(ctx context.Context, env *Env, qs []data.Example, seed int64) ([]Demo, error) {
+func BuildDemos(ctx context.Context, env *Env, qs []data.Example, seed int64, answerWeight float32) ([]Demo, error) {
 	models := env.Pool.Models()
 	if len(models) == 0 {
 		return nil, fmt.Errorf("trainer: sft: the pool has no models")
@@ -74,7 +74,7 @@ func BuildDemos(ctx context.Context, env *Env, qs []data.Example, seed int64) ([
 			d.Mask[k] = 1
 		}
 		for k := len(d.Tokens) - len(turn2); k < len(d.Tokens); k++ {
-			d.Mask[k] = 1
+			d.Mask[k] = answerWeight
 		}
 		out = append(out, d)
 	}
@@ -120,7 +120,7 @@ func runSFT(ctx context.Context, cfg config.Config, env *Env, train []data.Examp
 	adam := torchbridge.AdamW{LR: cfg.SFT.LR, Beta1: tc.Beta1, Beta2: tc.Beta2, Eps: tc.AdamEps, WeightDecay: tc.WeightDecay, MaxGradNorm: tc.MaxGradNorm}
 	p := env.Engine.Policy
 	for step := 1; step <= cfg.SFT.Steps; step++ {
-		demos, err := BuildDemos(ctx, env, sampler.Next(cfg.SFT.BatchSize), tc.Seed+int64(step))
+		demos, err := BuildDemos(ctx, env, sampler.Next(cfg.SFT.BatchSize), tc.Seed+int64(step), float32(cfg.SFT.AnswerWeight))
 		if err != nil {
 			return err
 		}

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -15,8 +17,10 @@ import (
 	"testing"
 
 	"github.com/recal-project/recal/config"
+	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/internal/hfmodel"
 	"github.com/recal-project/recal/internal/testpolicy"
+	"github.com/recal-project/recal/torchbridge"
 	"github.com/recal-project/recal/trainer"
 )
 
@@ -265,4 +269,53 @@ func mustAbs(t *testing.T, p string) string {
 		t.Fatal(err)
 	}
 	return a
+}
+
+// sft.answer_weight scales the loss weight of exactly the answer turn's
+// tokens of a demonstration; everything else is unchanged.
+func TestDemoAnswerWeight(t *testing.T) {
+	ck := microCheckpoint(t)
+	cfg := testConfig(t, ck)
+	eng, err := trainer.OpenEngine(ck, torchbridge.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	env, err := trainer.NewEnv(cfg, eng, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.Close()
+	qs := []data.Example{
+		{ID: "nq-1", Dataset: "nq", Question: "who wrote the iliad", Golden: []string{"Homer"}},
+		{ID: "hotpotqa-2", Dataset: "hotpotqa", Question: "Which river flows through the capital of Egypt?", Golden: []string{"Nile"}},
+	}
+	ctx := context.Background()
+	plain, err := trainer.BuildDemos(ctx, env, qs, 7, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	heavy, err := trainer.BuildDemos(ctx, env, qs, 7, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range plain {
+		p, h := plain[i], heavy[i]
+		if fmt.Sprint(p.Tokens) != fmt.Sprint(h.Tokens) {
+			t.Fatalf("demo %d: the weight changed the tokens", i)
+		}
+		var span []int
+		for k := range p.Mask {
+			switch {
+			case h.Mask[k] == 3 && p.Mask[k] == 1:
+				span = append(span, int(p.Tokens[k]))
+			case h.Mask[k] != p.Mask[k]:
+				t.Fatalf("demo %d token %d: mask %v with weight 3, %v with weight 1", i, k, h.Mask[k], p.Mask[k])
+			}
+		}
+		text := eng.Tok.Decode(span)
+		if !strings.HasPrefix(text, "<answer>") || !strings.HasSuffix(text, "</answer>") {
+			t.Errorf("demo %d: the weighted tokens decode to %q, want the answer turn", i, text)
+		}
+	}
 }
