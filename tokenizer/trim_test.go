@@ -6,6 +6,25 @@ import (
 	"golang.org/x/text/unicode/norm"
 )
 
+// trimAndLoad trims full to corpus (capped at maxVocab when > 0), saves the
+// result and loads it back.
+func trimAndLoad(t *testing.T, full *Tokenizer, corpus []string, maxVocab int) (*Trimmed, *Tokenizer) {
+	t.Helper()
+	tr, err := full.Trim(corpus, maxVocab)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := tr.Save(dir); err != nil {
+		t.Fatal(err)
+	}
+	small, err := Load(dir)
+	if err != nil {
+		t.Fatalf("the trimmed tokenizer does not load: %v", err)
+	}
+	return tr, small
+}
+
 // A trimmed tokenizer encodes its corpus into the same token strings with new
 // ids, still encodes anything else, and is much smaller.
 func TestTrim(t *testing.T) {
@@ -19,18 +38,7 @@ func TestTrim(t *testing.T) {
 		"<think>I will ask a model.</think>\n<search>sim-factoid: who wrote Hamlet</search>",
 		"  tabs\tand   spaces 12345 — ünïcödé 東京",
 	}
-	tr, err := full.Trim(corpus, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	if err := tr.Save(dir); err != nil {
-		t.Fatal(err)
-	}
-	small, err := Load(dir)
-	if err != nil {
-		t.Fatalf("the trimmed tokenizer does not load: %v", err)
-	}
+	tr, small := trimAndLoad(t, full, corpus, 0)
 	if small.VocabSize() != tr.VocabSize || tr.VocabSize > 2000 {
 		t.Errorf("trimmed vocabulary %d (reported %d); want a small one", small.VocabSize(), tr.VocabSize)
 	}
@@ -68,18 +76,7 @@ func TestTrimCap(t *testing.T) {
 	}
 	corpus = append(corpus, "Ouagadougou floccinaucinihilipilification")
 	const limit = 300 // the 256 single bytes plus room for a few dozen tokens
-	tr, err := full.Trim(corpus, limit)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	if err := tr.Save(dir); err != nil {
-		t.Fatal(err)
-	}
-	small, err := Load(dir)
-	if err != nil {
-		t.Fatalf("the capped tokenizer does not load: %v", err)
-	}
+	tr, small := trimAndLoad(t, full, corpus, limit)
 	if n := small.VocabSize() - len(full.addedID); n > limit || n <= 256 || small.VocabSize() != tr.VocabSize {
 		t.Errorf("capped vocabulary: %d ids besides the added tokens (reported %d in all), want 257..%d", n, tr.VocabSize, limit)
 	}

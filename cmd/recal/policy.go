@@ -33,7 +33,7 @@ func policyCommand() *cli.Command {
 				&cli.StringFlag{Name: "out", Usage: "output folder (replaced if it exists)"},
 				&cli.Uint64Flag{Name: "seed", Value: 0, Usage: "initialisation seed"},
 				&cli.FloatFlag{Name: "init-std", Value: 0.02, Usage: "standard deviation of the weights"},
-				&cli.StringSliceFlag{Name: "trim-corpus", Usage: "trim the tokenizer to the tokens of these files or folders (QA JSONL/Parquet: questions and answers; .tmpl, .txt, .toml: their text), for a small vocabulary (repeatable)"},
+				&cli.StringSliceFlag{Name: "trim-corpus", Usage: "trim the tokenizer to the tokens of these files or folders (QA JSONL/Parquet: questions and answers; .tmpl, .txt: their text; .toml: its string values, not comments), for a small vocabulary (repeatable)"},
 				&cli.IntFlag{Name: "trim-vocab", Usage: "with --trim-corpus: keep at most this many of the corpus's tokens, the most frequent, plus the single bytes and added tokens (0 = every corpus token)"},
 			},
 			Action: runPolicyInit,
