@@ -39,7 +39,8 @@ type Demo struct {
 // of (seed, question) with the question itself, and writes the
 // demonstration: think, search, the reply as information, answer.
 // The answer is the golden answer the reply contains, else the reply's text
-// after "answer is", else its first words.
+// after "answer is", else its first words. The mask is 1 on the think and
+// search turn and answerWeight on the answer turn (0 on prompt and reply).
 func BuildDemos(ctx context.Context, env *Env, qs []data.Example, seed int64, answerWeight float32) ([]Demo, error) {
 	models := env.Pool.Models()
 	if len(models) == 0 {
@@ -103,8 +104,8 @@ func demoAnswer(reply string, golden []string) (string, bool) {
 type sftLine struct {
 	Stage  string  `json:"stage"`
 	Step   int     `json:"step"`
-	NLL    float64 `json:"nll"` // mean negative log-likelihood per policy token
-	Tokens float64 `json:"tokens"`
+	NLL    float64 `json:"nll"`    // mean negative log-likelihood per policy token, weighted by the mask (sft.answer_weight on the answer turn)
+	Tokens int     `json:"tokens"` // policy tokens in the step
 	Demos  int     `json:"demos"`
 }
 
@@ -126,7 +127,7 @@ func runSFT(ctx context.Context, cfg config.Config, env *Env, train []data.Examp
 		}
 		var seqs [][]int32
 		var masks [][]float32
-		total := 0.0
+		total, tokens := 0.0, 0 // mask weight and count of the scored policy tokens
 		for _, d := range demos {
 			if cfg.SFT.CorrectOnly && !d.Correct {
 				continue
@@ -135,6 +136,9 @@ func runSFT(ctx context.Context, cfg config.Config, env *Env, train []data.Examp
 			masks = append(masks, d.Mask)
 			for _, m := range d.Mask[1:] {
 				total += float64(m)
+				if m > 0 {
+					tokens++
+				}
 			}
 		}
 		if total == 0 {
@@ -156,7 +160,7 @@ func runSFT(ctx context.Context, cfg config.Config, env *Env, train []data.Examp
 		if _, err := p.Step(ctx, adam); err != nil {
 			return err
 		}
-		if err := writeJSONLine(run.sft, sftLine{Stage: "sft", Step: step, NLL: nll / total, Tokens: total, Demos: len(seqs)}); err != nil {
+		if err := writeJSONLine(run.sft, sftLine{Stage: "sft", Step: step, NLL: nll / total, Tokens: tokens, Demos: len(seqs)}); err != nil {
 			return err
 		}
 		if step%20 == 0 || step == cfg.SFT.Steps {
