@@ -123,6 +123,22 @@ func TestDTypes(t *testing.T) {
 			t.Fatalf("token %d: bfloat16 policy log-prob %v, float32 %v", i, got[i], want[i])
 		}
 	}
+	// One row, one token at a time: the cache's single-row output head.
+	seq := []int32{1, 5, 9, 33, 2, 60, 7}
+	c, err := b.NewCache(1, len(seq))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for i := 0; i+1 < len(seq); i++ {
+		res, err := c.Extend(context.Background(), torchbridge.Step{Rows: []int{0}, Tokens: [][]int32{seq[i : i+1]}, WantLogits: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := logSoftmaxAt(res.Logits[0], seq[i+1]); math.Abs(got-float64(want[i+1])) > 0.1 {
+			t.Fatalf("token %d: bfloat16 cached log-prob %v, float32 %v", i+1, got, want[i+1])
+		}
+	}
 	out := filepath.Join(t.TempDir(), "bf16")
 	if err := b.Save(out); err != nil {
 		t.Fatal(err)
