@@ -67,7 +67,11 @@ func BuildDemos(ctx context.Context, env *Env, qs []data.Example, seed int64, an
 		answer, correct := demoAnswer(replies[i].Text, q.Golden)
 		turn1 := ToInt32(tok.Encode(router.ThinkOpen + demoThinkSearch + router.ThinkClose + "\n" + router.SearchOpen + reqs[i].Model + ": " + q.Question + router.SearchClose))
 		info := router.InfoBlock(tok, replies[i].Text, env.Router.InfoTokens)
-		turn2 := ToInt32(tok.Encode(router.AnswerOpen + answer + router.AnswerClose))
+		// A space before the answer: " Paris" is the token the reply has
+		// after "The answer is", so answering is copying tokens, not
+		// mapping each to its space-less twin (which a small policy cannot
+		// do for words it has not seen as the first of an answer).
+		turn2 := ToInt32(tok.Encode(router.AnswerOpen + " " + answer + router.AnswerClose))
 		d := Demo{Correct: correct}
 		d.Tokens = append(append(append(append(d.Tokens, prompt...), turn1...), info...), turn2...)
 		d.Mask = make([]float32, len(d.Tokens))

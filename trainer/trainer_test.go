@@ -13,6 +13,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -275,7 +276,7 @@ func mustAbs(t *testing.T, p string) string {
 // tokens of a demonstration; everything else is unchanged.
 func TestDemoAnswerWeight(t *testing.T) {
 	ck := microCheckpoint(t)
-	cfg := testConfig(t, ck)
+	cfg := testConfig(t, ck, "router.info_tokens=32") // the whole reply, answer included
 	eng, err := trainer.OpenEngine(ck, torchbridge.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -314,8 +315,15 @@ func TestDemoAnswerWeight(t *testing.T) {
 			}
 		}
 		text := eng.Tok.Decode(span)
-		if !strings.HasPrefix(text, "<answer>") || !strings.HasSuffix(text, "</answer>") {
-			t.Errorf("demo %d: the weighted tokens decode to %q, want the answer turn", i, text)
+		if !strings.HasPrefix(text, "<answer> ") || !strings.HasSuffix(text, "</answer>") {
+			t.Errorf("demo %d: the weighted tokens decode to %q, want the answer turn with a space before the answer", i, text)
+			continue
+		}
+		// The answer's first token is one the reply has ("The answer is
+		// Nile." → " Nile"), so answering is copying.
+		first := span[len(eng.Tok.Encode("<answer>"))]
+		if !slices.Contains(p.Tokens[:len(p.Tokens)-len(span)], int32(first)) {
+			t.Errorf("demo %d: the answer's first token %q is not in the prompt or the reply", i, eng.Tok.Decode([]int{first}))
 		}
 	}
 }
