@@ -66,12 +66,15 @@ bench: build $(INIT)
 # Its tokenizer is Qwen2.5's trimmed to the 4,000 tokens most frequent in the
 # vendored data and the protocol (instead of 151.9k ids), so the output head,
 # which dominates a tiny model's cost, is 38x smaller, and every token is seen
-# often enough in training for the policy to learn to copy it. It is made
-# again when what it is trimmed to changes (recal.toml: the pool's names and
-# descriptions; comments do not count).
-$(INIT): Makefile recal.toml $(wildcard router/*.tmpl)
+# often enough in training. --copy-circuit gives the random weights a copy
+# (induction) circuit, so the policy can copy a reply's answer into <answer>
+# from the first steps on: trained from scratch it does not learn to copy in
+# the minutes this run has. It is made again when what it is trimmed to
+# changes (recal.toml: the pool's names and descriptions; comments do not
+# count) or when the code that writes it changes.
+$(INIT): Makefile recal.toml $(wildcard router/*.tmpl internal/hfmodel/*.go tokenizer/*.go) cmd/recal/policy.go trainer/sft.go
 	./bin/recal policy init --preset tiny --tokenizer tokenizer/qwen2.5 --out runs/init/tiny --seed 0 \
-		--trim-corpus data/qa --trim-corpus router --trim-corpus recal.toml --trim-vocab 4000
+		--trim-corpus data/qa --trim-corpus router --trim-corpus recal.toml --trim-vocab 4000 --copy-circuit
 
 # The offline default (recal.toml). RUN_DIR is replaced if it exists.
 RUN_DIR ?= runs/recal

@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -33,6 +35,7 @@ func policyCommand() *cli.Command {
 				&cli.StringFlag{Name: "out", Usage: "output folder (replaced if it exists)"},
 				&cli.Uint64Flag{Name: "seed", Value: 0, Usage: "initialisation seed"},
 				&cli.FloatFlag{Name: "init-std", Value: 0.02, Usage: "standard deviation of the weights"},
+				&cli.BoolFlag{Name: "copy-circuit", Usage: "write a copy (induction) circuit into the first two layers, so a policy trained from scratch can copy a reply's answer (see internal/hfmodel.CopyCircuit)"},
 				&cli.StringSliceFlag{Name: "trim-corpus", Usage: "trim the tokenizer to the tokens of these files or folders (QA JSONL/Parquet: questions and answers; .tmpl, .txt: their text; .toml: its string values, not comments), for a small vocabulary (repeatable)"},
 				&cli.IntFlag{Name: "trim-vocab", Usage: "with --trim-corpus: keep at most this many of the corpus's tokens, the most frequent, plus the single bytes and added tokens (0 = every corpus token)"},
 			},
@@ -100,6 +103,11 @@ func runPolicyInit(ctx context.Context, cmd *cli.Command) error {
 	if err := p.InitRandom(cmd.Uint64("seed"), cmd.Float("init-std")); err != nil {
 		return err
 	}
+	if cmd.Bool("copy-circuit") {
+		if err := writeCopyCircuit(p, cfg, cmd.Uint64("seed")); err != nil {
+			return err
+		}
+	}
 	dir := tokPath
 	if st, err := os.Stat(tokPath); err == nil && !st.IsDir() {
 		dir = filepath.Dir(tokPath)
@@ -122,6 +130,35 @@ func runPolicyInit(ctx context.Context, cmd *cli.Command) error {
 		return err
 	}
 	slog.Info("policy initialised", "preset", cmd.String("preset"), "params", p.NumParams(), "out", cmd.String("out"))
+	return nil
+}
+
+// writeCopyCircuit writes hfmodel.CopyCircuit into the policy's weights.
+func writeCopyCircuit(p *torchbridge.Policy, cfg *hfmodel.Config, seed uint64) error {
+	w := map[string][]float32{}
+	for _, prm := range p.Params() {
+		buf := make([]byte, 4*prm.Numel())
+		if err := p.GetParam(prm.Name, "F32", buf); err != nil {
+			return err
+		}
+		vals := make([]float32, prm.Numel())
+		for i := range vals {
+			vals[i] = math.Float32frombits(binary.LittleEndian.Uint32(buf[4*i:]))
+		}
+		w[prm.Name] = vals
+	}
+	if err := hfmodel.CopyCircuit(cfg, w, seed); err != nil {
+		return err
+	}
+	for _, prm := range p.Params() {
+		buf := make([]byte, 4*prm.Numel())
+		for i, x := range w[prm.Name] {
+			binary.LittleEndian.PutUint32(buf[4*i:], math.Float32bits(x))
+		}
+		if err := p.SetParam(prm.Name, "F32", buf); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
