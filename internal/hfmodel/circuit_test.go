@@ -42,7 +42,9 @@ func TestCopyCircuitErrors(t *testing.T) {
 		{"too many kv heads", func(c *Config, _ map[string][]float32) { c.NumKeyValueHeads = 4 }, "at most half the hidden size"},
 		{"bad head counts", func(c *Config, _ map[string][]float32) { c.NumKeyValueHeads = 3 }, "bad head counts"},
 		{"missing tensor", func(_ *Config, w map[string][]float32) { delete(w, "model.layers.1.self_attn.k_proj.bias") }, `no tensor "model.layers.1.self_attn.k_proj.bias"`},
-		{"wrong size", func(_ *Config, w map[string][]float32) { w["model.embed_tokens.weight"] = w["model.embed_tokens.weight"][:10] }, "has 10 values"},
+		{"wrong size", func(_ *Config, w map[string][]float32) {
+			w["model.embed_tokens.weight"] = w["model.embed_tokens.weight"][:10]
+		}, "has 10 values"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
