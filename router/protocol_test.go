@@ -1,6 +1,7 @@
 package router
 
 import (
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -119,5 +120,21 @@ func TestScore(t *testing.T) {
 	none := Score("<think>t</think>no answer", []string{"x"}, nil, 3, known, bal)
 	if none != (Rewards{}) {
 		t.Errorf("a response without answer or calls scored %+v, want all zero", none)
+	}
+}
+
+// TestBalanceShareRepeats checks that a share is the same number every time:
+// summing the counts in Go's random map order changed its last bit between
+// runs, and with it a whole training run.
+func TestBalanceShareRepeats(t *testing.T) {
+	b := NewBalance(0.9, nil)
+	for i := range 12 {
+		b.Counts[fmt.Sprintf("m%d", i)] = 0.1 * float64(i+1) / 3
+	}
+	want := b.Share("m3")
+	for range 200 {
+		if got := b.Share("m3"); got != want {
+			t.Fatalf("share %v, then %v", want, got)
+		}
 	}
 }
