@@ -20,15 +20,16 @@ import (
 // in its first A = hidden − kv_heads·head_dim dimensions, the rest holds the
 // previous token.
 //
-//   - Layer 0: every head attends to the previous position (q and k biases
-//     whose rotary phases peak at distance 1; q and k weights zero). The first
-//     head of each key/value group moves head_dim dimensions of that token's
-//     embedding into the previous-token part.
+//   - Layer 0: the first head of each key/value group attends to the
+//     previous position (q and k biases whose rotary phases peak at distance
+//     1; q and k weights zero) and moves head_dim dimensions of that token's
+//     embedding into the previous-token part. The other heads (q zero) take
+//     the mean of the context, through their random output weights.
 //   - Layer 1: the first head of each group matches the current token's
 //     embedding against each position's previous token, on the rotary pairs
 //     that turn slowest (so the match hardly depends on distance), and adds
 //     the embedding of the matched position to the stream, which the tied
-//     output head reads as that token's logit.
+//     output head reads as that token's logit. The other heads stay random.
 //
 // For the tiny preset (random MLPs left in), its most likely next token
 // continues the repeat of a random 24-token span 97% of the time (the small
@@ -114,20 +115,32 @@ func CopyCircuit(c *Config, w map[string][]float32, seed uint64) error {
 		clear(m[from*cols : to*cols])
 	}
 	rep := nh / nkv
+	// clearHeads zeroes the output projection of the circuit's heads (the
+	// first of each group); the others keep their random weights, so the
+	// stream sees the question (GRPO's routing depends on it).
+	clearHeads := func(o []float32) {
+		for r := range H {
+			for h := 0; h < nh; h += rep {
+				clear(o[r*nh*hd+h*hd : r*nh*hd+(h+1)*hd])
+			}
+		}
+	}
 
 	// Layer 0: previous-token heads.
 	q, qb, k, kb, v, o, err := attn(0)
 	if err != nil {
 		return err
 	}
-	for h := range nh {
+	for h := range nh { // q zero: the other heads attend uniformly, a running mean of the context
 		zeroRows(q, h*hd, (h+1)*hd, H)
 		clear(qb[h*hd : (h+1)*hd])
-		for j := 0; j < 6; j++ {
-			qb[h*hd+j] = bias
+		if h%rep == 0 {
+			for j := 0; j < 6; j++ {
+				qb[h*hd+j] = bias
+			}
 		}
 	}
-	clear(o)
+	clearHeads(o)
 	for g := range nkv {
 		zeroRows(k, g*hd, (g+1)*hd, H)
 		zeroRows(v, g*hd, (g+1)*hd, H)
@@ -147,7 +160,7 @@ func CopyCircuit(c *Config, w map[string][]float32, seed uint64) error {
 	if q, qb, k, kb, v, o, err = attn(1); err != nil {
 		return err
 	}
-	clear(o)
+	clearHeads(o)
 	var slow []int // head dimensions of the slowest half of the rotary pairs
 	for j := hd / 4; j < hd/2; j++ {
 		slow = append(slow, j)
