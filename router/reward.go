@@ -1,6 +1,8 @@
 package router
 
 import (
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 
@@ -69,13 +71,8 @@ func NewBalance(decay float64, models []string) *Balance {
 // Share is p⁽ᵏ⁾ = c⁽ᵏ⁾ / Σ c. Before any call was counted (Σ c = 0) every
 // model has the uniform share 1/K.
 func (b *Balance) Share(model string) float64 {
-	keys := make([]string, 0, len(b.Counts))
-	for k := range b.Counts {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys) // a fixed order: a float sum depends on it, and runs must repeat exactly
 	var total float64
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(b.Counts)) { // a fixed order: a float sum depends on it, and runs must repeat exactly
 		total += b.Counts[k]
 	}
 	if total <= 0 {
