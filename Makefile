@@ -46,7 +46,7 @@ all: build
 deps:
 	@./scripts/deps.sh
 
-$(LIB): cgo/recal.cc cgo/recal.h
+$(LIB): cgo/recal.cc cgo/recal.h cgo/recal_internal.h
 	@mkdir -p build
 	$(CXX) $(CXXFLAGS_BRIDGE) -c cgo/recal.cc -o build/recal.o
 	ar rcs $@ build/recal.o

@@ -4,7 +4,7 @@
 // each entry point catches every C++ exception and reports it through its own
 // err out-parameter (see recal.h).
 
-#include "recal.h"
+#include "recal_internal.h"
 
 #include <torch/torch.h>
 
@@ -23,12 +23,10 @@ namespace {
 using torch::Tensor;
 namespace F = torch::nn::functional;
 
-// Error raised for bad arguments; it carries a message for Go.
-struct rc_error : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-[[noreturn]] void fail(const std::string& msg) { throw rc_error(msg); }
+using recal::fail;
+using recal::guarded;
+using recal::Layer;
+using recal::rc_error;
 
 torch::ScalarType scalar_type(int32_t dt) {
   switch (dt) {
@@ -47,61 +45,7 @@ std::string shape_str(torch::IntArrayRef s) {
   return o.str();
 }
 
-// Indices into rc_policy::params for one decoder layer.
-struct Layer {
-  int in_norm, q_w, q_b, k_w, k_b, v_w, v_b, o_w, post_norm, gate, up, down;
-};
-
 }  // namespace
-
-struct rc_policy {
-  rc_config cfg{};
-  torch::Device device{torch::kCPU};
-  torch::ScalarType dtype{torch::kFloat32};
-  std::vector<std::string> names;
-  std::vector<Tensor> params;
-  std::unordered_map<std::string, int> index;
-  std::vector<Layer> layers;
-  int embed = -1, norm = -1, lm_head = -1;  // lm_head == embed when tied
-  Tensor inv_freq;                          // [head_dim/2] float32 on device
-  bool trainable = true;
-
-  // AdamW state, created on the first step.
-  int64_t step = 0;
-  std::vector<Tensor> exp_avg, exp_avg_sq, master;
-  std::vector<std::string> state_names;
-  std::vector<const char*> state_name_ptrs;
-
-  int add(const std::string& name, std::vector<int64_t> shape) {
-    auto opts = torch::TensorOptions().dtype(dtype).device(device);
-    params.push_back(torch::zeros(shape, opts));
-    names.push_back(name);
-    index[name] = static_cast<int>(params.size()) - 1;
-    return static_cast<int>(params.size()) - 1;
-  }
-
-  const Tensor& P(int i) const { return params[i]; }
-
-  Tensor find_tensor(const std::string& name) {
-    auto it = index.find(name);
-    if (it != index.end()) return params[it->second];
-    if (name.rfind("grad/", 0) == 0) {  // read-only view of a parameter's gradient
-      auto g = index.find(name.substr(5));
-      if (g != index.end()) {
-        const auto& t = params[g->second];
-        return t.grad().defined() ? t.grad() : torch::zeros_like(t);
-      }
-    }
-    for (size_t i = 0; i < state_names.size(); i++) {
-      if (state_names[i] != name) continue;
-      size_t n = params.size();
-      if (i < n) return exp_avg[i];
-      if (i < 2 * n) return exp_avg_sq[i - n];
-      return master[i - 2 * n];
-    }
-    fail("no tensor named \"" + name + "\"");
-  }
-};
 
 struct rc_cache {
   rc_policy* p = nullptr;
@@ -315,24 +259,6 @@ void ensure_optimizer(rc_policy& p) {
     for (auto& n : p.names) p.state_names.push_back("master/" + n);
   p.state_name_ptrs.clear();
   for (auto& n : p.state_names) p.state_name_ptrs.push_back(n.c_str());
-}
-
-// Runs fn, converting every exception into a status and a malloc'd message.
-template <typename Fn>
-int guarded(char** err, Fn&& fn) {
-  try {
-    fn();
-    return 0;
-  } catch (const c10::Error& e) {
-    if (err) *err = strdup(e.what_without_backtrace());
-    return 1;
-  } catch (const std::exception& e) {
-    if (err) *err = strdup(e.what());
-    return 2;
-  } catch (...) {
-    if (err) *err = strdup("unknown C++ exception");
-    return 3;
-  }
 }
 
 }  // namespace

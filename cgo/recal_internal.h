@@ -1,0 +1,103 @@
+// recal_internal.h — definitions shared by the bridge's C++ files (recal.cc,
+// recal_dist.cc); not part of the C ABI. It holds the policy's layout, so
+// that the distributed operations can reach its gradients, and the error
+// convention of every extern "C" entry point.
+#ifndef RECAL_INTERNAL_H
+#define RECAL_INTERNAL_H
+
+#include "recal.h"
+
+#include <torch/torch.h>
+
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace recal {
+
+// Error raised for bad arguments; it carries a message for Go.
+struct rc_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+[[noreturn]] inline void fail(const std::string& msg) { throw rc_error(msg); }
+
+// Indices into rc_policy::params for one decoder layer.
+struct Layer {
+  int in_norm, q_w, q_b, k_w, k_b, v_w, v_b, o_w, post_norm, gate, up, down;
+};
+
+// Runs fn, converting every exception into a status and a malloc'd message.
+template <typename Fn>
+int guarded(char** err, Fn&& fn) {
+  try {
+    fn();
+    return 0;
+  } catch (const c10::Error& e) {
+    if (err) *err = strdup(e.what_without_backtrace());
+    return 1;
+  } catch (const std::exception& e) {
+    if (err) *err = strdup(e.what());
+    return 2;
+  } catch (...) {
+    if (err) *err = strdup("unknown C++ exception");
+    return 3;
+  }
+}
+
+}  // namespace recal
+
+// A Qwen2-architecture decoder: parameters (with their gradients), the
+// AdamW state and the indices the forward pass uses.
+struct rc_policy {
+  rc_config cfg{};
+  torch::Device device{torch::kCPU};
+  torch::ScalarType dtype{torch::kFloat32};
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> params;
+  std::unordered_map<std::string, int> index;
+  std::vector<recal::Layer> layers;
+  int embed = -1, norm = -1, lm_head = -1;  // lm_head == embed when tied
+  torch::Tensor inv_freq;                   // [head_dim/2] float32 on device
+  bool trainable = true;
+
+  // AdamW state, created on the first step.
+  int64_t step = 0;
+  std::vector<torch::Tensor> exp_avg, exp_avg_sq, master;
+  std::vector<std::string> state_names;
+  std::vector<const char*> state_name_ptrs;
+
+  int add(const std::string& name, std::vector<int64_t> shape) {
+    auto opts = torch::TensorOptions().dtype(dtype).device(device);
+    params.push_back(torch::zeros(shape, opts));
+    names.push_back(name);
+    index[name] = static_cast<int>(params.size()) - 1;
+    return static_cast<int>(params.size()) - 1;
+  }
+
+  const torch::Tensor& P(int i) const { return params[i]; }
+
+  torch::Tensor find_tensor(const std::string& name) {
+    auto it = index.find(name);
+    if (it != index.end()) return params[it->second];
+    if (name.rfind("grad/", 0) == 0) {  // read-only view of a parameter's gradient
+      auto g = index.find(name.substr(5));
+      if (g != index.end()) {
+        const auto& t = params[g->second];
+        return t.grad().defined() ? t.grad() : torch::zeros_like(t);
+      }
+    }
+    for (size_t i = 0; i < state_names.size(); i++) {
+      if (state_names[i] != name) continue;
+      size_t n = params.size();
+      if (i < n) return exp_avg[i];
+      if (i < 2 * n) return exp_avg_sq[i - n];
+      return master[i - 2 * n];
+    }
+    recal::fail("no tensor named \"" + name + "\"");
+  }
+};
+
+#endif  // RECAL_INTERNAL_H
