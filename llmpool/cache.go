@@ -19,20 +19,31 @@ const cacheVersion = 1
 
 // diskCache is the response cache in front of every provider: one JSON file
 // per reply, at DIR/KK/KEY.json where KEY is the SHA-256 (hex) of the
-// provider name and the provider's cache key (cacheKey: model id, request
-// parameters and messages; for sim also the question and seed) and KK its
-// first two characters. The API key is never part of it.
+// provider name and the provider's cache key (cacheKey: for openai the
+// endpoint, model id, request parameters and messages; for sim the model's
+// settings, the question and the sub-query) and KK its first two
+// characters. The API key is never part of it.
 //
 // Writes go to a temporary file in the same directory (".tmp-*"), are
 // fsynced and renamed over the entry, so readers, concurrent writers of the
 // same key (goroutines or processes) and a kill -9 only ever see a whole
 // entry or none. Reads verify the envelope (version, key, checksum of the
-// entry); a file that fails is a miss and is removed. Stray ".tmp-*" files
-// left by a crash are never read and may be deleted.
+// entry); a file that fails is a miss, and in read-write mode it is removed
+// (the fresh reply then takes its place). In read-only mode the cache never
+// creates, changes or removes anything on disk. Stray ".tmp-*" files left
+// by a crash are never read and may be deleted.
+//
+// Stored texts are valid UTF-8 (Pool.Call normalises replies with validText
+// before storing them), so a hit returns the very bytes the fresh call did.
 type diskCache struct {
-	dir string
-	log *slog.Logger
+	dir      string
+	readOnly bool
+	log      *slog.Logger
 }
+
+// errCacheReadOnly: put was called on a read-only cache (a bug in the
+// caller; Pool.Call never does).
+var errCacheReadOnly = errors.New("llmpool: cache: read-only, nothing is written")
 
 // cacheEntry is what the cache stores of a reply.
 type cacheEntry struct {
@@ -73,7 +84,7 @@ func openCache(dir string, mode CacheMode, log *slog.Logger) (*diskCache, error)
 			return nil, fmt.Errorf("llmpool: pool.cache_dir: %w", err)
 		}
 	}
-	return &diskCache{dir: dir, log: log}, nil
+	return &diskCache{dir: dir, readOnly: mode == CacheReadOnly, log: log}, nil
 }
 
 // cacheKeyOf hashes the provider name and the provider's key parts.
@@ -101,7 +112,7 @@ func entryChecksum(e cacheEntry) string {
 }
 
 // get returns the entry of key. A missing file is a miss; an unreadable or
-// invalid one is a miss and is removed.
+// invalid one is a miss, and is removed unless the cache is read-only.
 func (c *diskCache) get(key string) (cacheEntry, bool) {
 	p := c.path(key)
 	b, err := os.ReadFile(p)
@@ -123,6 +134,11 @@ func (c *diskCache) get(key string) (cacheEntry, bool) {
 		err = fmt.Errorf("checksum mismatch")
 	}
 	if err != nil {
+		if c.readOnly {
+			c.log.Warn("llmpool: invalid cache entry ignored (read-only cache, left in place)",
+				slog.String("path", p), slog.String("err", err.Error()))
+			return cacheEntry{}, false
+		}
 		c.log.Warn("llmpool: invalid cache entry removed", slog.String("path", p), slog.String("err", err.Error()))
 		if rerr := os.Remove(p); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
 			c.log.Warn("llmpool: cache remove failed", slog.String("path", p), slog.String("err", rerr.Error()))
@@ -132,8 +148,12 @@ func (c *diskCache) get(key string) (cacheEntry, bool) {
 	return env.Entry, true
 }
 
-// put writes the entry of key atomically: temp file, fsync, rename.
+// put writes the entry of key atomically: temp file, fsync, rename. A
+// read-only cache refuses with errCacheReadOnly.
 func (c *diskCache) put(key, model, providerName string, e cacheEntry) (err error) {
+	if c.readOnly {
+		return errCacheReadOnly
+	}
 	p := c.path(key)
 	dir := filepath.Dir(p)
 	if err := os.MkdirAll(dir, 0o755); err != nil {

@@ -44,13 +44,15 @@ const (
 // Config is the [pool] table of recal.toml.
 type Config struct {
 	// Cache is the response cache mode: "read-write", "read-only" (replay:
-	// a miss is a failed call) or "off". Default read-write.
+	// a miss is a failed call; nothing on disk is written or removed) or
+	// "off". Default read-write.
 	Cache CacheMode `toml:"cache"`
 	// CacheDir is the directory of the response cache. Default "cache/pool".
 	CacheDir string `toml:"cache_dir"`
-	// MaxConcurrency bounds the provider calls in flight across the whole
-	// pool, a call waiting to retry included (calls). Cache hits do not
-	// count. Default 32.
+	// MaxConcurrency bounds the requests on the wire across the whole pool
+	// (requests); a call holds a slot only while its request is out, not
+	// while it waits for its model's slot, rate limit or retry. Cache hits
+	// do not count. Default 32.
 	MaxConcurrency int `toml:"max_concurrency"`
 	// MaxQueryChars caps a sub-query, in Unicode code points, before it is
 	// sent or hashed; longer queries are cut. Default 4000.
@@ -86,7 +88,8 @@ type ModelConfig struct {
 type OpenAIConfig struct {
 	// BaseURL is the API root including the version, e.g.
 	// "https://integrate.api.nvidia.com/v1"; "/chat/completions" is appended.
-	// Do not put secrets in it.
+	// Redirects are not followed (a 3xx is a failed call naming its
+	// Location). Part of the cache key. Do not put secrets in it.
 	BaseURL string `toml:"base_url"`
 	// Model is the provider's model id, e.g. "qwen/qwen2.5-7b-instruct".
 	Model string `toml:"model"`

@@ -9,11 +9,27 @@
 //
 //   - "openai": any OpenAI-compatible /v1/chat/completions endpoint (NVIDIA
 //     NIM, OpenRouter, vLLM), with retries, a per-provider concurrency bound
-//     and a requests-per-minute limiter.
+//     and a requests-per-minute limiter. Redirects are never followed: a 3xx
+//     is a permanent failure whose error names the Location.
 //   - "sim": a SIMULATED model for offline runs and tests. Its replies say
 //     that they come from a simulator, and ModelInfo.Simulated is true.
 //
 // A response cache on disk sits in front of every provider (see cache.go).
+// Its key includes the provider's endpoint (never the API key); read-only
+// mode never modifies the cache directory; a reply is byte-identical whether
+// it comes fresh or from the cache (invalid UTF-8 becomes U+FFFD, one per
+// bad byte, either way).
+//
+// # Concurrency
+//
+// pool.max_concurrency bounds the requests on the wire across the pool; a
+// model's own max_concurrency and requests_per_minute bound that model's.
+// A call takes its model's slot and rate-limit token first and the
+// pool-wide slot last, only around the request itself (an HTTP round trip,
+// a simulated latency), and gives it back during retry backoff. A slow or
+// rate-limited model therefore queues its own calls without holding up
+// calls to the other models. CallBatch starts every request at once for
+// the same reason.
 //
 // # Failure observation
 //

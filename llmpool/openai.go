@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"golang.org/x/sync/semaphore"
@@ -26,12 +27,16 @@ const maxErrorChars = 300
 
 // HTTPError is a provider reply that carries an error: a non-2xx status, or
 // a 2xx whose body is an error object ({"error": {...}}), as OpenRouter sends
-// for upstream failures.
+// for upstream failures. A redirect (3xx) is one too: it is never followed
+// and never retried.
 type HTTPError struct {
 	// StatusCode is the HTTP status of the reply (200 for an error body).
 	StatusCode int
 	// Code is the "code" of the error object, if any ("429", "rate_limit").
 	Code string
+	// Location is the Location header of a redirect, not followed (at most
+	// 300 characters, API key redacted); "" for other replies.
+	Location string
 	// Message is the start of the provider's message (at most 300
 	// characters) with the API key, should the provider echo it, redacted.
 	Message string
@@ -43,6 +48,13 @@ func (e *HTTPError) Error() string {
 	if e.Code != "" {
 		fmt.Fprintf(&b, " (code %s)", e.Code)
 	}
+	if e.StatusCode >= 300 && e.StatusCode <= 399 {
+		loc := e.Location
+		if loc == "" {
+			loc = "(no Location)"
+		}
+		fmt.Fprintf(&b, ": redirect to %s not followed (fix openai.base_url)", loc)
+	}
 	if e.Message != "" {
 		fmt.Fprintf(&b, ": %s", e.Message)
 	}
@@ -51,9 +63,12 @@ func (e *HTTPError) Error() string {
 
 // openAI is the provider of an OpenAI-compatible /chat/completions endpoint.
 // It holds one http.Client (its Transport keeps max_concurrency idle
-// connections to the host), a semaphore of max_concurrency requests in
-// flight and an optional requests-per-minute limiter; retries and their
-// waits follow retry.go.
+// connections to the host; it follows no redirect), a semaphore of
+// max_concurrency requests in flight and an optional requests-per-minute
+// limiter; retries and their waits follow retry.go. A request takes, in
+// order, the model's slot, a rate-limit token and the pool's wire slot, and
+// holds the wire slot only for the round trip, so that a model waiting for
+// its own slot, its rate limit or a retry holds up no other model.
 type openAI struct {
 	name      string // pool model name, for logs and errors
 	cfg       OpenAIConfig
@@ -61,8 +76,9 @@ type openAI struct {
 	apiKey    string // never logged, never in errors or cache keys
 	client    *http.Client
 	transport *http.Transport
-	sem       *semaphore.Weighted
-	limiter   *rate.Limiter // nil when unlimited
+	sem       *semaphore.Weighted // this model's max_concurrency
+	limiter   *rate.Limiter       // nil when unlimited
+	wire      *semaphore.Weighted // the pool's max_concurrency
 	log       *slog.Logger
 }
 
@@ -73,6 +89,7 @@ func newOpenAI(m ModelConfig, env providerEnv) (provider, error) {
 		cfg:      cfg,
 		endpoint: strings.TrimRight(cfg.BaseURL, "/") + "/chat/completions",
 		sem:      semaphore.NewWeighted(int64(cfg.MaxConcurrency)),
+		wire:     env.wire,
 		log:      env.log,
 	}
 	if cfg.APIKeyEnv != "" {
@@ -96,8 +113,14 @@ func newOpenAI(m ModelConfig, env providerEnv) (provider, error) {
 	tr.MaxIdleConnsPerHost = max(cfg.MaxConcurrency, 2)
 	tr.MaxIdleConns = max(tr.MaxIdleConns, 2*cfg.MaxConcurrency)
 	p.transport = tr
-	// No Client.Timeout: each attempt gets its own context timeout.
-	p.client = &http.Client{Transport: tr}
+	// No Client.Timeout: each attempt gets its own context timeout. No
+	// redirects: following one would re-send the API key to wherever the
+	// server points (in clear text after an https→http redirect) and turn
+	// the POST into a GET on 301/302/303; the 3xx reply becomes an
+	// HTTPError naming its Location instead.
+	p.client = &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error {
+		return http.ErrUseLastResponse
+	}}
 	return p, nil
 }
 
@@ -176,15 +199,24 @@ func (p *openAI) body(query string) ([]byte, error) {
 	return json.Marshal(merged)
 }
 
-// cacheKey is the request body: provider model id, parameters, extras and
-// the message. It excludes the base URL (the same model id behind another
-// endpoint shares entries) and the API key.
+// openAIKey is the cache key of an openai call.
+type openAIKey struct {
+	// Endpoint is base_url + "/chat/completions": two endpoints serving the
+	// same model id may not answer alike (another deployment, quantisation
+	// or version), so they do not share entries.
+	Endpoint string `json:"endpoint"`
+	// Request is the request body: provider model id, parameters, extras
+	// and the message.
+	Request json.RawMessage `json:"request"`
+}
+
+// cacheKey is the endpoint and the request body; never the API key.
 func (p *openAI) cacheKey(call providerCall) any {
 	b, err := p.body(call.Query)
 	if err != nil {
 		return nil
 	}
-	return json.RawMessage(b)
+	return openAIKey{Endpoint: p.endpoint, Request: b}
 }
 
 func (p *openAI) close() { p.transport.CloseIdleConnections() }
@@ -240,19 +272,28 @@ func (p *openAI) complete(ctx context.Context, call providerCall) (completion, e
 	return completion{Attempts: attempt}, fmt.Errorf("llmpool: model %q: gave up after %d attempts: %w", p.name, attempt, last.err)
 }
 
-// attempt sends one request under the rate limiter, the semaphore and the
-// per-attempt timeout.
+// attempt sends one request under the model's semaphore, its rate limiter,
+// the pool's wire semaphore and the per-attempt timeout, taken in that
+// order: the wire slot is held only while the request is out, so waiting
+// for this model's slot or rate limit (and, in complete, for a retry) holds
+// up no other model.
 func (p *openAI) attempt(ctx context.Context, body []byte, query string) (completion, attemptResult) {
+	if err := p.sem.Acquire(ctx, 1); err != nil {
+		return completion{}, attemptResult{err: err}
+	}
+	defer p.sem.Release(1)
 	if p.limiter != nil {
+		// After the model's slot, so that the request leaves right after
+		// its token and the pacing holds on the wire.
 		if err := p.limiter.Wait(ctx); err != nil {
 			// Either ctx is done or its deadline comes before our turn.
 			return completion{}, attemptResult{err: fmt.Errorf("rate limit wait: %w", err)}
 		}
 	}
-	if err := p.sem.Acquire(ctx, 1); err != nil {
+	if err := p.wire.Acquire(ctx, 1); err != nil {
 		return completion{}, attemptResult{err: err}
 	}
-	defer p.sem.Release(1)
+	defer p.wire.Release(1)
 
 	actx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 	defer cancel()
@@ -280,6 +321,9 @@ func (p *openAI) attempt(ctx context.Context, body []byte, query string) (comple
 	wait, hasWait := retryAfter(resp.Header, time.Now())
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		herr := p.httpError(resp.StatusCode, raw)
+		if resp.StatusCode >= 300 && resp.StatusCode <= 399 {
+			herr.Location = cutRunes(p.redactString(sanitizeHeader(resp.Header.Get("Location"))), maxErrorChars)
+		}
 		return completion{}, attemptResult{err: herr, retry: retryableStatus(resp.StatusCode), serverWait: wait, hasWait: hasWait}
 	}
 	if err != nil {
@@ -359,6 +403,17 @@ func (p *openAI) httpError(status int, raw []byte) *HTTPError {
 	e.Message = cutRunes(p.redactString(strings.Join(strings.Fields(strings.ToValidUTF8(msg, "")), " ")), maxErrorChars)
 	e.Code = cutRunes(p.redactString(e.Code), 40)
 	return e
+}
+
+// sanitizeHeader makes a header value from a server safe to put in an
+// error: valid UTF-8 without control characters.
+func sanitizeHeader(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return -1
+		}
+		return r
+	}, strings.ToValidUTF8(s, ""))
 }
 
 // parseCode reads an error code such as 429 or "429".

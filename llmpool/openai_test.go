@@ -438,3 +438,56 @@ func TestBackoffWaitBounds(t *testing.T) {
 		t.Errorf("retryWait with Retry-After 300ms = %v, want exactly 300ms", w)
 	}
 }
+
+// TestOpenAIRedirectIsNotFollowed: a redirect would re-send the API key to
+// wherever the server points (in clear text after https→http) and turn the
+// POST into a GET, so the client follows none. The 3xx is a permanent
+// failure (no retry) whose error names the status and the Location.
+func TestOpenAIRedirectIsNotFollowed(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name     string
+		status   int
+		sameHost bool // Location is a path on the redirecting server
+	}{
+		{name: "307 to another host", status: http.StatusTemporaryRedirect},
+		{name: "308 to another host", status: http.StatusPermanentRedirect},
+		{name: "301 would become a GET", status: http.StatusMovedPermanently},
+		{name: "302 would become a GET", status: http.StatusFound},
+		{name: "303 would become a GET", status: http.StatusSeeOther},
+		{name: "307 on the same host", status: http.StatusTemporaryRedirect, sameHost: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			target := newFakeLLM(t, echoOK)
+			location := target.baseURL() + "/chat/completions"
+			if tc.sameHost {
+				location = "/v1/moved/chat/completions"
+			}
+			srv := newFakeLLM(t, func(_ int64, _ chatRequestSeen, w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Location", location)
+				w.WriteHeader(tc.status)
+			})
+			const key = "sk-REDIRECT-9d1c"
+			p := newTestPool(t, testConfig(openaiModel("m", srv.baseURL(), func(o *OpenAIConfig) { o.APIKeyEnv = "K" })), withEnv("K", key))
+			r := p.Call(ctxTimeout(t, 10*time.Second), Request{Model: "m", Query: "q"})
+			if n := srv.requests.Load(); n != 1 {
+				t.Errorf("redirecting server saw %d requests, want 1 (a redirect is neither followed on the same host nor retried)", n)
+			}
+			if n := target.requests.Load(); n != 0 {
+				t.Errorf("redirect target saw %d requests, want 0 (following would hand it the API key)", n)
+			}
+			if !r.Failed || r.Text != "[pool error: model m unavailable]" {
+				t.Fatalf("Call = %+v, want a failed call with the failure text", r)
+			}
+			var herr *HTTPError
+			if !errors.As(r.Err, &herr) || herr.StatusCode != tc.status || herr.Location != location {
+				t.Fatalf("Err = %v, want an *HTTPError with status %d and Location %q", r.Err, tc.status, location)
+			}
+			if msg := r.Err.Error(); !strings.Contains(msg, fmt.Sprint(tc.status)) || !strings.Contains(msg, location) || strings.Contains(msg, key) {
+				t.Errorf("Err = %q, want it to name the status %d and the Location %q (and never the key)", msg, tc.status, location)
+			}
+		})
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sync/semaphore"
@@ -130,7 +131,6 @@ type Pool struct {
 	models []*poolModel
 	byName map[string]*poolModel // lowercased name
 	cache  *diskCache            // nil when off
-	sem    *semaphore.Weighted   // pool.max_concurrency provider calls
 	usage  *usageBook
 
 	mu       sync.Mutex
@@ -161,9 +161,9 @@ func New(cfg Config, opts ...Option) (*Pool, error) {
 		cfg:    cfg,
 		log:    o.log,
 		byName: map[string]*poolModel{},
-		sem:    semaphore.NewWeighted(int64(cfg.MaxConcurrency)),
 	}
-	env := providerEnv{log: o.log, getenv: o.lookupEnv, answerBank: o.answerBank}
+	env := providerEnv{log: o.log, getenv: o.lookupEnv, answerBank: o.answerBank,
+		wire: semaphore.NewWeighted(int64(cfg.MaxConcurrency))}
 	names := make([]string, 0, len(cfg.Models))
 	for i, m := range cfg.Models {
 		prov, err := providers[m.Provider](m, env)
@@ -216,9 +216,10 @@ func (p *Pool) Usage() UsageMap { return p.usage.snapshot() }
 // Response); only ctx's end stops it early, and then the Response is Failed
 // with ctx's error. In order: the model is looked up (unknown: failure, no
 // provider call), the query is sanitised, the cache is read (read-only miss:
-// failure), the provider is called under pool.max_concurrency, and a reply
-// is written to the cache (read-write). A cache write error is logged, not
-// returned.
+// failure), the provider is called (its requests on the wire bounded by
+// pool.max_concurrency, see Config.MaxConcurrency), the reply is made valid
+// UTF-8 (validText) and written to the cache (read-write). A cache write
+// error is logged, not returned.
 func (p *Pool) Call(ctx context.Context, req Request) Response {
 	start := time.Now()
 	if !p.enter() {
@@ -257,14 +258,12 @@ func (p *Pool) Call(ctx context.Context, req Request) Response {
 		}
 	}
 
-	if err := p.sem.Acquire(ctx, 1); err != nil {
-		return p.failure(ctx, start, name, name, err, true)
-	}
 	c, err := m.prov.complete(ctx, call)
-	p.sem.Release(1)
 	if err != nil {
 		return p.failureAttempts(ctx, start, name, err, c.Attempts)
 	}
+	// What is returned is what the cache returns on the next call.
+	c.Text = validText(c.Text)
 	if key != "" {
 		e := cacheEntry{Text: c.Text, InputTokens: c.InputTokens, OutputTokens: c.OutputTokens, Estimated: c.Estimated}
 		if err := p.cache.put(key, name, m.info.Provider, e); err != nil {
@@ -274,12 +273,14 @@ func (p *Pool) Call(ctx context.Context, req Request) Response {
 	return p.success(ctx, start, m, c, false)
 }
 
-// CallBatch makes the calls concurrently, at most pool.max_concurrency at a
-// time, and returns the responses in the order of reqs.
+// CallBatch makes the calls concurrently and returns the responses in the
+// order of reqs. Every request gets its own goroutine: the requests on the
+// wire are bounded by pool.max_concurrency and each model's own limits, not
+// by the fan-out, so calls queued on one slow or rate-limited model never
+// keep the calls to other models from starting.
 func (p *Pool) CallBatch(ctx context.Context, reqs []Request) []Response {
 	out := make([]Response, len(reqs))
 	var g errgroup.Group
-	g.SetLimit(p.cfg.MaxConcurrency)
 	for i, r := range reqs {
 		g.Go(func() error {
 			out[i] = p.Call(ctx, r)
@@ -407,6 +408,31 @@ func sanitizeName(s string) string {
 func sanitizeQuery(s string, maxChars int) string {
 	s = strings.TrimSpace(strings.ToValidUTF8(s, ""))
 	return strings.TrimSpace(cutRunes(s, maxChars))
+}
+
+// validText makes a reply valid UTF-8 by replacing every byte that is not
+// part of a valid UTF-8 sequence with U+FFFD, one per byte, exactly as
+// encoding/json does when it writes the reply to the cache. A reply with
+// invalid bytes (a simulated answer drawn from a dataset, say) is therefore
+// byte-identical whether it comes fresh or from the cache, including
+// entries written before this normalisation existed. (strings.ToValidUTF8
+// would put one U+FFFD per run of bad bytes, and differ from old entries.)
+func validText(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	var b strings.Builder
+	b.Grow(len(s) + 8)
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b.WriteRune(utf8.RuneError)
+		} else {
+			b.WriteString(s[i : i+size])
+		}
+		i += size
+	}
+	return b.String()
 }
 
 // cutRunes returns the first n code points of s.

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -251,5 +252,134 @@ func TestAPIKeyNeverLeaks(t *testing.T) {
 				t.Error("no cache file written, want at least the successful reply cached")
 			}
 		})
+	}
+}
+
+// TestSlowModelDoesNotStallOthers: calls queued on one model (slow replies,
+// a rate limit, a retry backoff) wait for that model's slot, token or
+// backoff without holding a pool-wide slot, so calls to another model still
+// go out at once. Before, a queued call held a pool.max_concurrency slot
+// for its whole wait and the fast model's calls waited seconds.
+func TestSlowModelDoesNotStallOthers(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		poolMax int
+		handle  func(int64, chatRequestSeen, http.ResponseWriter, *http.Request)
+		mod     func(*OpenAIConfig)
+	}{
+		{
+			// One slow request on the wire holds one of the two pool slots;
+			// the calls queued behind it on the model's single slot hold none.
+			name: "2s replies, model max_concurrency 1", poolMax: 2,
+			handle: func(_ int64, body chatRequestSeen, w http.ResponseWriter, r *http.Request) {
+				select {
+				case <-time.After(2 * time.Second):
+				case <-r.Context().Done():
+					return
+				}
+				writeOK(w, body.query(), 1, 1)
+			},
+			mod: func(o *OpenAIConfig) { o.MaxConcurrency = 1 },
+		},
+		{
+			// 6 per minute: after the first request the next token is 10 s away.
+			name: "rate limited", poolMax: 1, handle: echoOK,
+			mod: func(o *OpenAIConfig) { o.RequestsPerMinute = 6 },
+		},
+		{
+			name: "retry backoff", poolMax: 1,
+			handle: func(_ int64, _ chatRequestSeen, w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("Retry-After", "10")
+				w.WriteHeader(http.StatusTooManyRequests)
+			},
+			mod: func(o *OpenAIConfig) { o.RetryMax = 10 * time.Second },
+		},
+	}
+	for _, tc := range tests {
+		for _, batch := range []bool{false, true} {
+			name := tc.name + "/Call"
+			if batch {
+				name = tc.name + "/CallBatch"
+			}
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				slowSrv := newFakeLLM(t, tc.handle)
+				fastSrv := newFakeLLM(t, echoOK)
+				cfg := testConfig(openaiModel("slow", slowSrv.baseURL(), tc.mod), openaiModel("fast", fastSrv.baseURL(), nil))
+				cfg.MaxConcurrency = tc.poolMax
+				p := newTestPool(t, cfg)
+				// The slow model's calls are cancelled when the test ends.
+				slowCtx, cancel := context.WithCancel(context.Background())
+				t.Cleanup(cancel)
+
+				var slow, fast []Request
+				for i := range 4 {
+					slow = append(slow, Request{Model: "slow", Query: fmt.Sprint("s", i)})
+					fast = append(fast, Request{Model: "fast", Query: fmt.Sprint("f", i)})
+				}
+				var elapsed time.Duration
+				var resps []Response
+				if !batch {
+					for _, r := range slow {
+						go p.Call(slowCtx, r)
+					}
+					waitFor(t, func() bool { return slowSrv.requests.Load() >= 1 }, "the slow model's first request")
+					time.Sleep(100 * time.Millisecond) // the other slow calls queue up
+					start := time.Now()
+					for _, r := range fast {
+						resps = append(resps, p.Call(ctxTimeout(t, 2*time.Second), r))
+					}
+					elapsed = time.Since(start)
+				} else {
+					// Slow requests first: a fan-out bounded by
+					// pool.max_concurrency would start only those.
+					done := make(chan []Response, 1)
+					start := time.Now()
+					go func() { done <- p.CallBatch(slowCtx, append(slices.Clone(slow), fast...)) }()
+					waitFor(t, func() bool { return p.Usage()["fast"].Calls == int64(len(fast)) }, "the fast model's replies")
+					elapsed = time.Since(start)
+					cancel()
+					resps = (<-done)[len(slow):]
+				}
+				for i, r := range resps {
+					if r.Failed || r.Text != "echo: "+fast[i].Query {
+						t.Errorf("fast call %d = %+v, want its echo", i, r)
+					}
+				}
+				if elapsed > time.Second {
+					t.Errorf("4 calls to the fast model took %v while the slow model was busy, want well under 1s (a model's queue must not hold pool-wide slots)", elapsed)
+				}
+			})
+		}
+	}
+}
+
+// waitFor polls cond for up to 5 s.
+func waitFor(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}
+
+// TestSimLatencyHoldsAPoolSlot: pool.max_concurrency still bounds what is
+// on the wire: simulated requests take one slot each for their latency.
+func TestSimLatencyHoldsAPoolSlot(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(simModel("s", SimConfig{Latency: 50 * time.Millisecond}))
+	cfg.MaxConcurrency = 2
+	p := newTestPool(t, cfg)
+	var reqs []Request
+	for i := range 6 {
+		reqs = append(reqs, Request{Model: "s", Query: fmt.Sprint("q", i)})
+	}
+	start := time.Now()
+	p.CallBatch(context.Background(), reqs)
+	if el := time.Since(start); el < 140*time.Millisecond {
+		t.Errorf("6 sim calls of 50ms with max_concurrency 2 took %v, want >= ~150ms (3 rounds)", el)
 	}
 }

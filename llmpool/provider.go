@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+
+	"golang.org/x/sync/semaphore"
 )
 
 // provider answers sub-queries for one model of the pool. Implementations
@@ -12,7 +14,8 @@ import (
 type provider interface {
 	// complete returns the model's reply to one sub-query. It returns
 	// promptly with ctx's error when ctx is done. On error, only the
-	// completion's Attempts is meaningful.
+	// completion's Attempts is meaningful. It holds one unit of
+	// providerEnv.wire while a request is out, and only then.
 	complete(ctx context.Context, call providerCall) (completion, error)
 	// cacheKey returns everything that determines the reply, JSON-encodable,
 	// for the response cache. It must never contain a secret.
@@ -47,6 +50,11 @@ type providerEnv struct {
 	log        *slog.Logger
 	getenv     func(string) (string, bool)
 	answerBank map[string][]string
+	// wire bounds the requests out across the pool (pool.max_concurrency).
+	// A provider takes a unit just around a request (an HTTP round trip, a
+	// simulated latency), never while it waits for its own slot, rate
+	// limit or retry backoff.
+	wire *semaphore.Weighted
 }
 
 // providerFactory builds the provider of one model from its validated,

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"unicode"
+
+	"golang.org/x/sync/semaphore"
 )
 
 // errSimFailure is the error of a simulated provider failure (sim.failure_rate).
@@ -19,6 +21,7 @@ var errSimFailure = errors.New("llmpool: simulated provider failure (sim.failure
 // language model. It answers by the rule in the package doc ("Simulated
 // models").
 type sim struct {
+	wire       *semaphore.Weighted // the pool's max_concurrency, held during the latency
 	name       string
 	cfg        SimConfig
 	accuracy   map[string]float64 // lowercased dataset -> probability
@@ -27,7 +30,7 @@ type sim struct {
 }
 
 func newSim(m ModelConfig, env providerEnv) (provider, error) {
-	s := &sim{name: m.Name, cfg: *m.Sim, accuracy: map[string]float64{}, bank: map[string][]string{}}
+	s := &sim{wire: env.wire, name: m.Name, cfg: *m.Sim, accuracy: map[string]float64{}, bank: map[string][]string{}}
 	for k, v := range m.Sim.Accuracy {
 		s.accuracy[strings.ToLower(k)] = v
 	}
@@ -83,7 +86,13 @@ func (s *sim) cacheKey(call providerCall) any {
 }
 
 func (s *sim) complete(ctx context.Context, call providerCall) (completion, error) {
-	if err := sleepCtx(ctx, s.cfg.Latency); err != nil {
+	// The simulated request is out for sim.latency.
+	if err := s.wire.Acquire(ctx, 1); err != nil {
+		return completion{}, err
+	}
+	err := sleepCtx(ctx, s.cfg.Latency)
+	s.wire.Release(1)
+	if err != nil {
 		return completion{}, err
 	}
 	if s.cfg.FailureRate > 0 && s.draw(call, "fail") < s.cfg.FailureRate {
