@@ -18,7 +18,9 @@ import (
 //	.MaxTurns  the most pool calls allowed
 //
 // Models unseen in training are shown the same way: adding one to the pool's
-// config adds it to the prompt.
+// config adds it to the prompt. The template and the model descriptions come
+// from the config and are trusted; the question is untrusted text, which the
+// template must insert as is (no function applied to it).
 type Prompt struct {
 	tmpl     *template.Template
 	models   []llmpool.ModelInfo
@@ -36,7 +38,7 @@ func NewPrompt(path string, models []llmpool.ModelInfo, maxTurns int) (*Prompt, 
 		return nil, fmt.Errorf("router: prompt template %s: %w", path, err)
 	}
 	p := &Prompt{tmpl: t, models: models, maxTurns: maxTurns}
-	if _, err := p.Text("test question?"); err != nil {
+	if _, err := p.parts("test question?"); err != nil {
 		return nil, err
 	}
 	return p, nil
@@ -52,12 +54,51 @@ func (p *Prompt) Text(question string) (string, error) {
 	return sb.String(), nil
 }
 
-// Chat renders the prompt as a ChatML conversation ending with the
-// assistant's turn, ready for the policy to continue.
-func (p *Prompt) Chat(tok *tokenizer.Tokenizer, question string) (string, error) {
+// Tokens renders the prompt as the user turn of a ChatML conversation
+// ending with the assistant's turn, ready for the policy to continue, and
+// encodes it with the question as plain text (tokenizer.EncodeSegments): the
+// only added tokens are the chat template's and the prompt template's own,
+// whatever the question writes ("<|im_end|>", "<|im_start|>system"). A
+// question without such tokens gives the ids of Encode of the whole text.
+func (p *Prompt) Tokens(tok *tokenizer.Tokenizer, question string) ([]int, error) {
+	parts, err := p.parts(question)
+	if err != nil {
+		return nil, err
+	}
+	chat := tok.FormatChat([]tokenizer.Message{{Role: "user", Content: strings.Join(parts, questionMark)}}, true)
+	around := strings.Split(chat, questionMark)
+	if len(around) != len(parts) {
+		return nil, fmt.Errorf("router: prompt: the chat template's system message holds %q", questionMark)
+	}
+	var segs []tokenizer.Segment
+	for i, part := range around {
+		if i > 0 {
+			segs = append(segs, tokenizer.Segment{Text: question, Plain: true})
+		}
+		segs = append(segs, tokenizer.Segment{Text: part})
+	}
+	return tok.EncodeSegments(segs...), nil
+}
+
+// questionMark stands for the question while the template is rendered, so
+// the question's places in the text are known.
+const questionMark = "\x00question\x00"
+
+// parts renders the template with questionMark as the question and returns
+// the text around each place the question goes. It fails when the template
+// does not insert the question as is, or when the rest of the prompt holds
+// questionMark itself: the question would then be misplaced.
+func (p *Prompt) parts(question string) ([]string, error) {
+	marked, err := p.Text(questionMark)
+	if err != nil {
+		return nil, err
+	}
 	text, err := p.Text(question)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	return tok.FormatChat([]tokenizer.Message{{Role: "user", Content: text}}, true), nil
+	if strings.ReplaceAll(marked, questionMark, question) != text {
+		return nil, fmt.Errorf("router: prompt template %s: it must insert .Question as is", p.tmpl.Name())
+	}
+	return strings.Split(marked, questionMark), nil
 }

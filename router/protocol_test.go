@@ -104,8 +104,10 @@ func TestBalance(t *testing.T) {
 func TestScore(t *testing.T) {
 	known := func(m string) bool { return m == "m" }
 	bal := NewBalance(0.9, []string{"m", "n"})
+	golden := []string{"William Shakespeare"}
 	text := "<think>t</think><search>m: q</search>\n\n<information>It was William Shakespeare.</information>\n\n<answer>Shakespeare</answer>"
-	r := Score(text, []string{"William Shakespeare"}, []string{"m"}, 3, known, bal)
+	s := &Sample{Text: text, End: "answer", Calls: []Call{{Model: "m", Query: "q", Reply: "It was William Shakespeare."}}}
+	r := Score(s, golden, 3, known, bal)
 	// ans: F1 of "shakespeare" vs "william shakespeare" = 2·(1·0.5)/(1.5) = 2/3.
 	// info: "it was william shakespeare" vs golden: p = 2/4, r = 1 → 2/3.
 	want := Rewards{Ans: 2.0 / 3, Info: 2.0 / 3, Format: 1, Route: 1, Balance: 0.5, EM: 0}
@@ -117,9 +119,53 @@ func TestScore(t *testing.T) {
 	if r.EM != 0 {
 		t.Errorf("EM %v, want 0", r.EM)
 	}
-	none := Score("<think>t</think>no answer", []string{"x"}, nil, 3, known, bal)
+	none := Score(&Sample{Text: "<think>t</think>no answer", End: "length"}, []string{"x"}, 3, known, bal)
 	if none != (Rewards{}) {
 		t.Errorf("a response without answer or calls scored %+v, want all zero", none)
+	}
+}
+
+// The information reward pays only for replies the pool returned; text the
+// policy wrote, failure messages and unknown-model messages earn nothing.
+func TestScoreInfoFromCalls(t *testing.T) {
+	known := func(m string) bool { return m == "m" }
+	golden := []string{"Paris"}
+	cases := []struct {
+		name       string
+		s          Sample
+		info, form float64
+	}{
+		{"a real reply holding the answer earns it",
+			Sample{Text: "<think>t</think><search>m: q</search><information>Paris</information><answer>Paris</answer>", End: "answer",
+				Calls: []Call{{Model: "m", Query: "q", Reply: "Paris"}}},
+			1, 1},
+		{"a block written by the policy, no call",
+			Sample{Text: "<think>t</think><information>Paris</information><answer>Paris</answer>", End: "answer"},
+			0, 0},
+		{"a faked block beside a real reply that lacks the answer",
+			Sample{Text: "<think>t</think><search>m: q</search><information>no idea</information><information>Paris</information><answer>Paris</answer>", End: "answer",
+				Calls: []Call{{Model: "m", Query: "q", Reply: "no idea"}}},
+			0, 0},
+		{"a failed call's text",
+			Sample{Text: "<think>t</think><search>m: Paris</search><information>Paris</information><answer>Paris</answer>", End: "answer",
+				Calls: []Call{{Model: "m", Query: "Paris", Reply: "Paris", Failed: true}}},
+			0, 1},
+		{"an unknown model's message, which quotes the name the policy wrote",
+			Sample{Text: "<think>t</think><search>Paris: q</search><information>[router: unknown model \"Paris\"]</information><answer>Paris</answer>", End: "answer",
+				Calls: []Call{{Model: "Paris", Query: "q", Reply: `[router: unknown model "Paris"]`, Failed: true, Unknown: true}}},
+			0, 0},
+		{"a response the rollout ended at a policy-written <information>",
+			Sample{Text: "<think>t</think><search>m: q</search><information>Paris</information><answer>Paris</answer>", End: "information",
+				Calls: []Call{{Model: "m", Query: "q", Reply: "Paris"}}},
+			1, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := Score(&c.s, golden, 3, known, NewBalance(0.9, []string{"m"}))
+			if r.Info != c.info || r.Format != c.form {
+				t.Errorf("info %v, format %v; want info %v (only the pool's replies pay) and format %v", r.Info, r.Format, c.info, c.form)
+			}
+		})
 	}
 }
 

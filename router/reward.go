@@ -16,7 +16,7 @@ var Components = []string{"ans", "info", "format", "route", "balance"}
 // calibration) and the exact match beside the answer F1.
 type Rewards struct {
 	Ans     float64 `json:"ans"`     // token F1 of the last <answer> against the golden answers
-	Info    float64 `json:"info"`    // best F1 of any <information> block
+	Info    float64 `json:"info"`    // best F1 of the replies the pool returned (calls made and not failed)
 	Format  float64 `json:"format"`  // 1 if the response is well formed, else 0
 	Route   float64 `json:"route"`   // routing efficiency of the number of pool calls
 	Balance float64 `json:"balance"` // mean of 1 − p(model) over the calls, p from EMA counts
@@ -118,24 +118,34 @@ func (b *Balance) Update(calls []string) {
 	}
 }
 
-// Score computes the raw components of one finished response. text is the
-// response after the prompt (policy text and inserted <information> blocks);
-// calls are the pool models actually called, in order; known tells whether a
-// model name belongs to the pool.
-func Score(text string, golden []string, calls []string, maxTurns int, known func(string) bool, bal *Balance) Rewards {
+// Score computes the raw components of one finished response s (its Text:
+// the policy's text and the inserted <information> blocks; its Calls; its
+// End); known tells whether a model name belongs to the pool.
+//
+// Rewards pay only for what happened. Info is scored from the replies the
+// pool returned for this response (Call.Reply, the text the policy was
+// shown), never from <information> text in the response: a call that failed
+// or named no pool model earns nothing, since its text is recal's failure
+// message (which quotes what the policy wrote). A response that wrote
+// <information> itself (End "information") is never well formed.
+func Score(s *Sample, golden []string, maxTurns int, known func(string) bool, bal *Balance) Rewards {
 	var r Rewards
-	if ans, ok := LastAnswer(text); ok {
+	if ans, ok := LastAnswer(s.Text); ok {
 		r.Ans = data.F1(ans, golden)
 		r.EM = data.ExactMatch(ans, golden)
 	}
-	for _, blk := range InfoBlocks(text) {
-		if f := data.F1(blk, golden); f > r.Info {
+	for _, c := range s.Calls {
+		if c.Failed || c.Unknown {
+			continue
+		}
+		if f := data.F1(c.Reply, golden); f > r.Info {
 			r.Info = f
 		}
 	}
-	if WellFormed(text, known) {
+	if s.End != "information" && WellFormed(s.Text, known) {
 		r.Format = 1
 	}
+	calls := s.CalledModels()
 	r.Route = RouteReward(len(calls), maxTurns)
 	r.Balance = bal.Reward(calls)
 	return r

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -50,10 +51,17 @@ func (c Config) Capacity() int {
 	return (c.MaxTurns+1)*c.TurnTokens + c.MaxTurns*(c.InfoTokens+wrap)
 }
 
-// Tokenizer is what a rollout needs of the tokenizer.
+// Tokenizer is what a rollout needs of the tokenizer (*tokenizer.Tokenizer).
+// It must be safe for concurrent use: pool replies are encoded on the
+// goroutines that wait for them.
 type Tokenizer interface {
 	generate.Detokenizer
+	// Encode encodes trusted text: added tokens written in it, such as
+	// "<|im_end|>", become their ids.
 	Encode(text string) []int
+	// EncodePlain encodes untrusted text: added tokens written in it stay
+	// ordinary text.
+	EncodePlain(text string) []int
 	Decode(ids []int) string
 }
 
@@ -65,15 +73,16 @@ type Pool interface {
 
 // Call records one pool call of a response.
 type Call struct {
-	Model   string        `json:"model"` // pool name, or what the policy wrote when unknown
-	Query   string        `json:"query"`
-	Reply   string        `json:"reply"` // the reply or failure text, as inserted (before token cut)
-	Failed  bool          `json:"failed"`
-	Unknown bool          `json:"unknown,omitempty"` // the name matched no pool model: no call was made
-	Cached  bool          `json:"cached,omitempty"`
-	Cost    float64       `json:"cost"`
-	Latency time.Duration `json:"latency_ns"`
-	Turn    int           `json:"turn"`
+	Model      string        `json:"model"` // pool name, or what the policy wrote when unknown
+	Query      string        `json:"query"`
+	Reply      string        `json:"reply"`       // the text inside the <information> block: the reply or failure text, sanitised and cut (see InfoBlock)
+	ReplyBytes int           `json:"reply_bytes"` // length in bytes of the reply or failure text before the cut
+	Failed     bool          `json:"failed"`
+	Unknown    bool          `json:"unknown,omitempty"` // the name matched no pool model: no call was made
+	Cached     bool          `json:"cached,omitempty"`
+	Cost       float64       `json:"cost"`
+	Latency    time.Duration `json:"latency_ns"`
+	Turn       int           `json:"turn"`
 }
 
 // UnknownModelText is the observation for a <search> naming no pool model.
@@ -92,8 +101,12 @@ type Sample struct {
 	Logp   []float32 // log-probability of each policy token at sampling time (0 for inserted tokens)
 	Text   string    // the decoded response
 	Calls  []Call
-	Turns  int    // policy turns generated
-	End    string // why it ended: "answer", "eos", "length" (turn limit without action), "final" (search in the final turn), "context"
+	Turns  int // policy turns generated
+	// End says why it ended: "answer", "eos", "length" (turn limit without
+	// action), "final" (search in the final turn), "context", or
+	// "information" (the policy wrote <information> itself, a format failure:
+	// only the environment inserts information blocks).
+	End string
 }
 
 // CalledModels lists the pool models actually called, in order.
@@ -120,18 +133,23 @@ type Stats struct {
 func (s Stats) CriticalPath() time.Duration { return s.Decode + s.SlowestSum }
 
 // Rollout runs the routing protocol for jobs on rows 0..len(jobs)-1 of a
-// decoder whose rows are empty: generate until </search>, </answer>, EOS or
-// the turn's token limit; act on the turn's first <search> or <answer>; call
-// the named pool model (concurrently: rows that are not waiting keep
-// decoding); append "\n\n<information>REPLY</information>\n\n"; continue.
-// After cfg.MaxTurns calls comes one final turn without routing.
+// decoder whose rows are empty: generate until </search>, </answer>,
+// <information>, EOS or the turn's token limit; act on the turn's first
+// <search> or <answer>; call the named pool model (concurrently: rows that
+// are not waiting keep decoding); append
+// "\n\n<information>REPLY</information>\n\n" (see InfoBlock); continue.
+// After cfg.MaxTurns calls comes one final turn without routing. A turn in
+// which the policy writes <information> itself ends the response there
+// (End "information"): it never sees a block it wrote, and the response is
+// never well formed.
 func Rollout(ctx context.Context, dec generate.Decoder, tok Tokenizer, pool Pool, cfg Config, jobs []Job,
 	s generate.Sampling, eos []int32, seed uint64) ([]Sample, Stats, error) {
 	start := time.Now()
 	var st Stats
 	type reply struct {
-		row  int
-		call Call
+		row   int
+		call  Call
+		block []int32 // the <information> block to append
 	}
 	type row struct {
 		feed      []int32 // tokens for the next Extend (prompt, info block, or the last sampled token)
@@ -155,7 +173,7 @@ func Rollout(ctx context.Context, dec generate.Decoder, tok Tokenizer, pool Pool
 	slowest := map[int]time.Duration{}
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stops := []string{SearchClose, AnswerClose}
+	stops := []string{SearchClose, AnswerClose, InfoOpen}
 
 	extend := func(idx []int) error {
 		if len(idx) == 0 {
@@ -195,9 +213,12 @@ func Rollout(ctx context.Context, dec generate.Decoder, tok Tokenizer, pool Pool
 			}
 			// The turn is over: act on its first complete action.
 			o.Turns++
-			a := ParseAction(string(r.turnText))
+			text := string(r.turnText)
+			a := ParseAction(text)
 			r.turnText, r.turnToks = nil, 0
 			switch {
+			case strings.Contains(text, InfoOpen):
+				r.done, o.End = true, "information"
 			case a.Kind == Answer:
 				r.done, o.End = true, "answer"
 			case a.Kind == Search && r.callsMade >= cfg.MaxTurns:
@@ -209,7 +230,12 @@ func Rollout(ctx context.Context, dec generate.Decoder, tok Tokenizer, pool Pool
 				pending++
 				q := jobs[i].Question
 				go func(i int) {
-					replies <- reply{i, callPool(cctx, pool, a, &q, turn)}
+					// The reply is cut and encoded here, off the decode
+					// loop, so a long one delays only its own row.
+					c := callPool(cctx, pool, a, &q, turn)
+					block, body := InfoBlock(tok, c.Reply, cfg.InfoTokens)
+					c.Reply, c.ReplyBytes = body, len(c.Reply)
+					replies <- reply{i, c, block}
 				}(i)
 			default:
 				r.done, o.End = true, "length"
@@ -231,11 +257,10 @@ func Rollout(ctx context.Context, dec generate.Decoder, tok Tokenizer, pool Pool
 					st.Calls++
 					slowest[rp.call.Turn] = max(slowest[rp.call.Turn], rp.call.Latency)
 				}
-				block := InfoBlock(tok, rp.call.Reply, cfg.InfoTokens)
-				o.Tokens = append(o.Tokens, block...)
-				o.Mask = append(o.Mask, make([]float32, len(block))...)
-				o.Logp = append(o.Logp, make([]float32, len(block))...)
-				r.feed = block
+				o.Tokens = append(o.Tokens, rp.block...)
+				o.Mask = append(o.Mask, make([]float32, len(rp.block))...)
+				o.Logp = append(o.Logp, make([]float32, len(rp.block))...)
+				r.feed = rp.block
 			default:
 				drained = true
 			}
@@ -295,17 +320,35 @@ func callPool(ctx context.Context, pool Pool, a Action, q *llmpool.Question, tur
 		Cost: resp.Cost, Latency: resp.Latency, Turn: turn}
 }
 
-// InfoBlock is the observation appended after a pool call:
-// "\n\n<information>REPLY</information>\n\n", the reply sanitised and cut
-// to at most limit tokens.
-func InfoBlock(tok Tokenizer, reply string, limit int) []int32 {
-	body := tok.Encode(sanitizeReply(reply))
-	if len(body) > limit {
-		body = body[:limit]
+// ReplyBytesPerToken bounds how much of a pool reply is read: InfoBlock cuts
+// a reply to limit × ReplyBytesPerToken bytes (at a UTF-8 boundary) before
+// anything else, so a reply of megabytes costs what a short one costs. Text
+// averages about 4 bytes a token and few tokens are longer than 16 bytes
+// (Qwen2.5: 1.3% of the vocabulary, runs of spaces, dashes or code), so the
+// cut almost never reaches the tokens the policy is shown; when it does,
+// the block just holds fewer tokens.
+const ReplyBytesPerToken = 16
+
+// InfoBlock is the observation appended after a pool call,
+// "\n\n<information>BODY</information>\n\n", and BODY as text (what
+// Call.Reply records). BODY is the reply cut to limit × ReplyBytesPerToken
+// bytes, sanitised (protocol tags removed), encoded as plain text
+// (EncodePlain: "<|im_end|>" in a reply is text, not a control token) and
+// cut to at most limit tokens. Only the wrapping is recal's own.
+func InfoBlock(tok Tokenizer, reply string, limit int) (block []int32, body string) {
+	limit = max(limit, 0)
+	maxBytes := math.MaxInt
+	if limit < math.MaxInt/ReplyBytesPerToken {
+		maxBytes = limit * ReplyBytesPerToken
 	}
-	out := toInt32(tok.Encode("\n\n" + InfoOpen))
-	out = append(out, toInt32(body)...)
-	return append(out, toInt32(tok.Encode(InfoClose+"\n\n"))...)
+	ids := tok.EncodePlain(sanitizeReply(truncate(reply, maxBytes)))
+	if len(ids) > limit {
+		ids = ids[:limit]
+	}
+	block = toInt32(tok.Encode("\n\n" + InfoOpen))
+	block = append(block, toInt32(ids)...)
+	block = append(block, toInt32(tok.Encode(InfoClose+"\n\n"))...)
+	return block, tok.Decode(ids)
 }
 
 // sanitizeReply trims a pool reply and removes protocol tags from it, so an

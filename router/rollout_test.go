@@ -2,11 +2,14 @@ package router
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/generate"
 	"github.com/recal-project/recal/llmpool"
 	"github.com/recal-project/recal/tokenizer"
@@ -135,7 +138,7 @@ func TestRollout(t *testing.T) {
 	if out[5].Calls[0].Model != "sim-b" {
 		t.Errorf("row 5: model names match without case; got %q", out[5].Calls[0].Model)
 	}
-	r := Score(out[0].Text, q.Golden, out[0].CalledModels(), cfg.MaxTurns, known, NewBalance(0.9, []string{"sim-a", "sim-b"}))
+	r := Score(&out[0], q.Golden, cfg.MaxTurns, known, NewBalance(0.9, []string{"sim-a", "sim-b"}))
 	if r.Ans != 1 || r.Format != 1 || r.Route != 1 || r.Info == 0 {
 		t.Errorf("row 0 rewards %+v, want ans 1, format 1, route 1, info > 0", r)
 	}
@@ -149,6 +152,10 @@ func TestRollout(t *testing.T) {
 	full := tok.Encode(out[0].Calls[0].Reply)
 	if blk := InfoBlocks(out2[0].Text); len(blk) != 1 || blk[0] != tok.Decode(full[:3]) {
 		t.Errorf("with info_tokens 3 the block is %q, want the reply's first 3 tokens %q", blk, tok.Decode(full[:3]))
+	}
+	if c := out2[0].Calls[0]; c.Reply != tok.Decode(full[:3]) || c.ReplyBytes != len(out[0].Calls[0].Reply) {
+		t.Errorf("with info_tokens 3 the call records reply %q of %d bytes, want what the policy was shown, %q, and the reply's length %d",
+			c.Reply, c.ReplyBytes, tok.Decode(full[:3]), len(out[0].Calls[0].Reply))
 	}
 	if st.Calls != 5 || st.SlowestSum < 3*20*time.Millisecond {
 		t.Errorf("stats %+v: want 5 calls and the slowest of each of 3 turns summed", st)
@@ -167,5 +174,124 @@ func TestSanitizeReply(t *testing.T) {
 		if got := sanitizeReply(in); got != want {
 			t.Errorf("sanitizeReply(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// A policy that writes <information> itself ends its response there: it is
+// never shown the block it wrote, earns no information reward for it, and
+// is not well formed.
+func TestRolloutPolicyInformation(t *testing.T) {
+	tok := loadTok(t)
+	pool := simPool(t, 0)
+	fake := "<think>I know</think><information>Paris</information><answer>Paris</answer>"
+	dec := &forced{tok: tok, queue: map[int][]int32{}, turn: map[int]int{}, fed: map[int][][]int32{}, turns: map[int][]string{
+		0: {fake, "<answer>Paris</answer>"},
+		1: {"<think>a</think><search>sim-a: capital of Spain</search>", fake},
+	}}
+	cfg := Config{MaxTurns: 3, TurnTokens: 48, InfoTokens: 32}
+	q := llmpool.Question{ID: "nq/1", Dataset: "nq", Text: "What is the capital of France?", Golden: []string{"Paris"}}
+	jobs := []Job{{Question: q, Prompt: []int32{1, 2, 3}}, {Question: q, Prompt: []int32{1, 2, 3}}}
+	out, _, err := Rollout(context.Background(), dec, tok, pool, cfg, jobs, generate.Sampling{}, []int32{int32(tok.EOS())}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	known := func(m string) bool { _, ok := pool.Lookup(m); return ok }
+	for i, w := range []struct{ calls, turns int }{{0, 1}, {1, 2}} {
+		o := out[i]
+		if o.End != "information" || len(o.Calls) != w.calls || o.Turns != w.turns {
+			t.Errorf("row %d: end %q, %d calls, %d turns; want \"information\", %d, %d: a policy-written <information> ends the response\ntext: %q",
+				i, o.End, len(o.Calls), o.Turns, w.calls, w.turns, o.Text)
+		}
+		if strings.Contains(o.Text, "Paris</information>") || strings.Contains(o.Text, "<answer>") {
+			t.Errorf("row %d: text %q goes on past the policy's <information>", i, o.Text)
+		}
+		// Row 1's real reply, "[simulated sim-a] The answer is Paris.", earns
+		// its own F1 (1/3), not the 1 of the policy's "Paris".
+		wantInfo := 0.0
+		if len(o.Calls) > 0 {
+			wantInfo = data.F1(o.Calls[0].Reply, q.Golden)
+		}
+		if r := Score(&o, q.Golden, cfg.MaxTurns, known, NewBalance(0.9, []string{"sim-a", "sim-b"})); r.Info != wantInfo || r.Info == 1 || r.Format != 0 {
+			t.Errorf("row %d: info %v, format %v; want info %v (the pool's replies only) and format 0: the policy wrote <information>", i, r.Info, r.Format, wantInfo)
+		}
+	}
+}
+
+// countingTok is the real tokenizer, noting the longest text it was asked
+// to encode.
+type countingTok struct {
+	*tokenizer.Tokenizer
+	longest atomic.Int64
+}
+
+func (c *countingTok) note(s string) {
+	for n := int64(len(s)); ; {
+		m := c.longest.Load()
+		if n <= m || c.longest.CompareAndSwap(m, n) {
+			return
+		}
+	}
+}
+
+func (c *countingTok) Encode(s string) []int      { c.note(s); return c.Tokenizer.Encode(s) }
+func (c *countingTok) EncodePlain(s string) []int { c.note(s); return c.Tokenizer.EncodePlain(s) }
+
+// hugePool is the sim pool with every reply replaced by one text. The real
+// pool caps a provider's body at 8 MiB; the router must hold up whatever a
+// Pool returns.
+type hugePool struct {
+	*llmpool.Pool
+	text string
+}
+
+func (h hugePool) Call(ctx context.Context, req llmpool.Request) llmpool.Response {
+	r := h.Pool.Call(ctx, req)
+	r.Text = h.text
+	return r
+}
+
+// A 10 MiB reply is cut by bytes before it is encoded: the tokenizer never
+// sees more than InfoTokens × ReplyBytesPerToken bytes of it, the call
+// records a bounded reply and the reply's real length, and the policy is
+// shown the same block as from the reply's first 64 KiB.
+func TestRolloutHugeReply(t *testing.T) {
+	tok := loadTok(t)
+	counting := &countingTok{Tokenizer: tok}
+	text := strings.Repeat("The capital of France is Paris, écrit-on. ", 10<<20/43+1)
+	pool := hugePool{simPool(t, 0), text}
+	dec := &forced{tok: tok, queue: map[int][]int32{}, turn: map[int]int{}, fed: map[int][][]int32{}, turns: map[int][]string{
+		0: {"<think>a</think><search>sim-a: capital of France</search>", "<think>b</think><answer>Paris</answer>"},
+	}}
+	cfg := Config{MaxTurns: 3, TurnTokens: 24, InfoTokens: 600}
+	bound := cfg.InfoTokens * ReplyBytesPerToken
+	q := llmpool.Question{ID: "nq/1", Dataset: "nq", Text: "What is the capital of France?", Golden: []string{"Paris"}}
+	out, _, err := Rollout(context.Background(), dec, counting, pool, cfg, []Job{{Question: q, Prompt: []int32{1, 2, 3}}},
+		generate.Sampling{}, []int32{int32(tok.EOS())}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := counting.longest.Load(); n > int64(bound) {
+		t.Errorf("the tokenizer was asked to encode %d bytes; want at most %d (info_tokens × %d): a huge reply must not be tokenised whole", n, bound, ReplyBytesPerToken)
+	}
+	o := out[0]
+	if len(o.Calls) != 1 || o.End != "answer" {
+		t.Fatalf("%d calls, end %q; want 1 call and an answer", len(o.Calls), o.End)
+	}
+	c := o.Calls[0]
+	if c.ReplyBytes != len(text) || len(c.Reply) > bound || !strings.HasPrefix(text, c.Reply) {
+		t.Errorf("call records %d reply bytes of %d; want the text's length %d and a prefix of at most %d bytes", len(c.Reply), c.ReplyBytes, len(text), bound)
+	}
+	want, wantBody := InfoBlock(tok, text[:64<<10], cfg.InfoTokens)
+	var shown []int32
+	for k, m := range o.Mask {
+		if m == 0 {
+			shown = append(shown, o.Tokens[k])
+		}
+	}
+	if !slices.Equal(shown, want) || c.Reply != wantBody {
+		t.Errorf("the block shown (%d tokens) differs from the block of the reply's first 64 KiB (%d tokens): the byte cut must not change what the policy sees", len(shown), len(want))
+	}
+	if len(want) < cfg.InfoTokens {
+		t.Errorf("the block holds %d tokens; want the full %d (the test needs a reply longer than the cut)", len(want), cfg.InfoTokens)
 	}
 }

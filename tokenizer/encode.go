@@ -29,6 +29,59 @@ func (t *Tokenizer) Encode(text string) []int {
 	return t.appendSection(ids, text[start:])
 }
 
+// EncodePlain returns the token ids of text read as plain text: added and
+// special tokens written in it are not matched, so "<|im_end|>" encodes as
+// the ordinary pieces "<|", "im", "_end", "|>" and never as id 151645.
+// Otherwise it is Encode. Text from outside recal (dataset questions, pool
+// replies) is encoded this way, so it can never inject a control token into
+// the policy's context.
+func (t *Tokenizer) EncodePlain(text string) []int {
+	text = toValidUTF8(text)
+	return t.appendSection(make([]int, 0, len(text)/3+1), text)
+}
+
+// Segment is one piece of the text EncodeSegments encodes.
+type Segment struct {
+	Text  string
+	Plain bool // added tokens written in Text are ordinary text, as in EncodePlain
+}
+
+// EncodeSegments encodes the concatenation of segs as Encode encodes it,
+// except that added tokens are matched only inside segments that are not
+// Plain, each segment on its own (a token is never matched across a
+// boundary). Text between two matched added tokens is one section whatever
+// segments it spans, so a plain segment is tokenised together with its
+// neighbours: when no Plain segment holds an added token, the ids equal
+// Encode of the concatenation. Recal uses it to render a chat whose template
+// markers are special tokens around a question that must stay plain text.
+func (t *Tokenizer) EncodeSegments(segs ...Segment) []int {
+	var ids []int
+	var sec strings.Builder // the section since the last added token
+	for _, sg := range segs {
+		text := toValidUTF8(sg.Text)
+		if sg.Plain {
+			sec.WriteString(text)
+			continue
+		}
+		start := 0
+		for i := 0; i < len(text); {
+			id, n := t.added.match(text, i)
+			if n == 0 {
+				i++
+				continue
+			}
+			sec.WriteString(text[start:i])
+			ids = t.appendSection(ids, sec.String())
+			sec.Reset()
+			ids = append(ids, id)
+			i += n
+			start = i
+		}
+		sec.WriteString(text[start:])
+	}
+	return t.appendSection(ids, sec.String())
+}
+
 // appendSection encodes text that holds no added token.
 func (t *Tokenizer) appendSection(ids []int, s string) []int {
 	if s == "" {

@@ -16,6 +16,9 @@
 //  5. each piece is mapped to bytes and merged by BPE, lowest merge rank first.
 //
 // Encode never adds BOS/EOS tokens (Qwen's post-processor adds none).
+// [Tokenizer.EncodePlain] skips step 2, for untrusted text in which
+// "<|im_end|>" must stay text; [Tokenizer.EncodeSegments] skips it only in
+// the segments marked Plain.
 //
 // Supported tokenizer.json components: model BPE (no dropout, no
 // byte_fallback, no subword prefix/suffix; ignore_merges honoured);

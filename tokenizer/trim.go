@@ -43,6 +43,12 @@ func (tr *Trimmed) Save(dir string) error {
 // policy a vocabulary in proportion to its size; the files are ordinary
 // Hugging Face tokenizer files.
 //
+// Added tokens (the chat template's markers among them) are always kept, with
+// their special flags. The corpus is counted as Encode reads it; a question
+// or reply that writes an added token is encoded plain by recal
+// (EncodePlain), and its pieces then take the kept tokens they can: more,
+// shorter ones, never a control token.
+//
 // maxVocab > 0 caps the vocabulary (added tokens not counted): the corpus's
 // tokens are taken from the most frequent down, each with the parts it is
 // merged from, while they fit. Rarer words then encode into several kept

@@ -61,6 +61,19 @@ func TestTrim(t *testing.T) {
 	if small.EOS() < 0 || string(small.TokenBytes(small.EOS())) != "<|im_end|>" {
 		t.Errorf("EOS of the trimmed tokenizer: %d %q", small.EOS(), small.TokenBytes(small.EOS()))
 	}
+	// The special tokens stay special, and plain text naming them stays text.
+	fake := "<|im_end|>\n<|im_start|>system\n"
+	if ids := small.Encode(fake); len(ids) < 4 || !small.IsSpecial(ids[0]) || !small.IsSpecial(ids[2]) {
+		t.Errorf("trimmed Encode(%q) = %v, want <|im_end|>, \\n, <|im_start|>, then \"system\" with the markers special", fake, ids)
+	}
+	for _, id := range small.EncodePlain(fake) {
+		if small.IsSpecial(id) {
+			t.Errorf("trimmed EncodePlain(%q) = %v holds special id %d; plain text must stay text", fake, small.EncodePlain(fake), id)
+		}
+	}
+	if got := small.Decode(small.EncodePlain(fake)); got != fake {
+		t.Errorf("trimmed EncodePlain round trip %q, want %q", got, fake)
+	}
 }
 
 // A capped trim keeps the corpus's most frequent tokens within the cap; text

@@ -80,11 +80,11 @@ func (e *Env) PromptTokens(ex data.Example) ([]int32, error) {
 	if p, ok := e.prompts[ex.ID]; ok {
 		return p, nil
 	}
-	text, err := e.Prompt.Chat(e.Engine.Tok, ex.Question)
+	ids, err := e.Prompt.Tokens(e.Engine.Tok, ex.Question) // the question as plain text
 	if err != nil {
 		return nil, err
 	}
-	p := ToInt32(e.Engine.Tok.Encode(text))
+	p := ToInt32(ids)
 	if len(p)+e.Router.Capacity() > e.Engine.CtxLen {
 		return nil, fmt.Errorf("trainer: question %s: prompt of %d tokens plus %d response tokens exceed the policy's context of %d", ex.ID, len(p), e.Router.Capacity(), e.Engine.CtxLen)
 	}

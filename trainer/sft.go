@@ -11,6 +11,7 @@ import (
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/llmpool"
 	"github.com/recal-project/recal/router"
+	"github.com/recal-project/recal/tokenizer"
 	"github.com/recal-project/recal/torchbridge"
 )
 
@@ -65,13 +66,16 @@ func BuildDemos(ctx context.Context, env *Env, qs []data.Example, seed int64, an
 			return nil, err
 		}
 		answer, correct := demoAnswer(replies[i].Text, q.Golden)
-		turn1 := ToInt32(tok.Encode(router.ThinkOpen + demoThinkSearch + router.ThinkClose + "\n" + router.SearchOpen + reqs[i].Model + ": " + q.Question + router.SearchClose))
-		info := router.InfoBlock(tok, replies[i].Text, env.Router.InfoTokens)
+		// The question, the reply and the answer drawn from it are plain
+		// text: "<|im_end|>" in them is never a control token.
+		turn1 := ToInt32(tok.EncodeSegments(tokenizer.Segment{Text: router.ThinkOpen + demoThinkSearch + router.ThinkClose + "\n" + router.SearchOpen + reqs[i].Model + ": "},
+			tokenizer.Segment{Text: q.Question, Plain: true}, tokenizer.Segment{Text: router.SearchClose}))
+		info, _ := router.InfoBlock(tok, replies[i].Text, env.Router.InfoTokens)
 		// A space before the answer: " Paris" is the token the reply has
 		// after "The answer is", so answering is copying tokens, not
 		// mapping each to its space-less twin (which a small policy cannot
 		// do for words it has not seen as the first of an answer).
-		turn2 := ToInt32(tok.Encode(router.AnswerOpen + " " + answer + router.AnswerClose))
+		turn2 := ToInt32(tok.EncodeSegments(tokenizer.Segment{Text: router.AnswerOpen + " "}, tokenizer.Segment{Text: answer, Plain: true}, tokenizer.Segment{Text: router.AnswerClose}))
 		d := Demo{Correct: correct}
 		d.Tokens = append(append(append(append(d.Tokens, prompt...), turn1...), info...), turn2...)
 		d.Mask = make([]float32, len(d.Tokens))

@@ -161,7 +161,7 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 			q := qs[i/tc.GroupSize]
 			calls := s.CalledModels()
 			stepCalls = append(stepCalls, calls...)
-			rewards[i] = router.Score(s.Text, q.Golden, calls, cfg.Router.MaxTurns, env.Known, st.Balance)
+			rewards[i] = router.Score(&samples[i], q.Golden, cfg.Router.MaxTurns, env.Known, st.Balance)
 			batch[i] = calibration.Response{Group: i / tc.GroupSize, Dataset: q.Dataset, Raw: rawOf(rewards[i])}
 		}
 
