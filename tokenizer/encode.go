@@ -34,7 +34,9 @@ func (t *Tokenizer) Encode(text string) []int {
 // the ordinary pieces "<|", "im", "_end", "|>" and never as id 151645.
 // Otherwise it is Encode. Text from outside recal (dataset questions, pool
 // replies) is encoded this way, so it can never inject a control token into
-// the policy's context.
+// the policy's context (given a model vocabulary that does not itself hold
+// the added tokens, as Qwen2's and Qwen2.5's does not: BPE then cannot
+// produce their ids).
 func (t *Tokenizer) EncodePlain(text string) []int {
 	text = toValidUTF8(text)
 	return t.appendSection(make([]int, 0, len(text)/3+1), text)
