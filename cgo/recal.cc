@@ -175,8 +175,9 @@ void check_tokens(const rc_policy& p, int64_t n, const int32_t* tokens) {
 // gradient of a per-token loss L(logp) analytically:
 //   dL/dlogits = c · (onehot(target) − softmax) + e · softmax ⊙ (log softmax + H)
 // where c = dL/dlogp (from coef) and e the entropy-bonus weight per token.
-// The head weight's gradient is accumulated into its .grad and dL/dh is
-// returned, so autograd never stores a [tokens, vocab] tensor.
+// The head weight's gradient is accumulated into its float32 gradient sum
+// (p.grad_acc) and dL/dh is returned, so autograd never stores a
+// [tokens, vocab] tensor.
 struct HeadGrad {
   // Per-token dL/dlogp for a chunk [s, s+n) given its log-probs and entropies.
   std::function<Tensor(int64_t s, int64_t n, const Tensor& lp, const Tensor& ent)> coef;
@@ -192,9 +193,10 @@ void head(rc_policy& p, const Tensor& h, const Tensor& targets, int64_t chunk, T
   logp = torch::zeros({N}, f32);
   ent = torch::zeros({N}, f32);
   const auto& W = p.P(p.lm_head);
+  Tensor Wg;  // float32, whatever the policy's dtype: chunks accumulate exactly
   if (grad) {
     *hgrad = torch::zeros_like(h);
-    if (!W.grad().defined()) W.mutable_grad() = torch::zeros_like(W);
+    Wg = p.grad_acc(p.lm_head);
   }
   for (int64_t s = 0; s < N; s += chunk) {
     auto n = std::min(chunk, N - s);
@@ -222,9 +224,8 @@ void head(rc_policy& p, const Tensor& h, const Tensor& targets, int64_t chunk, T
       e.mul_(-c.unsqueeze(1));
     }
     e.scatter_add_(1, tg, c.unsqueeze(1));
-    auto g = e.to(W.scalar_type());
-    hgrad->narrow(0, s, n).copy_(torch::matmul(g, W));
-    W.mutable_grad().addmm_(g.t(), hc);
+    hgrad->narrow(0, s, n).copy_(torch::matmul(e.to(W.scalar_type()), W));
+    Wg.addmm_(e.t(), hc.to(torch::kFloat32));
   }
 }
 
@@ -235,6 +236,7 @@ void set_trainable(rc_policy& p, bool on) {
     if (!on) t.mutable_grad() = Tensor();
   }
   if (!on) {
+    p.grad32.clear();
     p.exp_avg.clear();
     p.exp_avg_sq.clear();
     p.master.clear();
@@ -471,6 +473,7 @@ int rc_policy_backward(rc_policy* p, int64_t batch, int64_t len, const int32_t* 
     Tensor lp, ent, hgrad;
     head(*p, h.detach(), targets, chunk, lp, ent, &hg, &hgrad);
     torch::autograd::backward({h}, {hgrad});
+    p->flush_grads();  // into the float32 sums: micro-batches accumulate in float32
     torch::NoGradGuard ng;
     stats->loss = loss_all.sum().item<double>();
     stats->tokens = w.sum().item<double>();
@@ -500,6 +503,7 @@ int rc_policy_backward_nll(rc_policy* p, int64_t batch, int64_t len, const int32
     Tensor lp, ent, hgrad;
     head(*p, h.detach(), targets, head_chunk > 0 ? head_chunk : 256, lp, ent, &hg, &hgrad);
     torch::autograd::backward({h}, {hgrad});
+    p->flush_grads();
     torch::NoGradGuard ng;
     *nll = -(lp * w).sum().item<double>();
   });
@@ -510,15 +514,15 @@ int rc_policy_step(rc_policy* p, const rc_adamw_opts* o, double* grad_norm, char
     if (!p->trainable) fail("step on a frozen policy");
     torch::NoGradGuard ng;
     ensure_optimizer(*p);
-    std::vector<Tensor> grads;
-    for (auto& t : p->params) grads.push_back(t.grad().defined() ? t.grad().to(torch::kFloat32) : Tensor());
+    std::vector<Tensor> grads;  // float32 sums over the micro-batches
+    for (size_t i = 0; i < p->params.size(); i++) grads.push_back(p->grad(i));
     auto total = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(p->device));
     for (auto& g : grads)
       if (g.defined()) total = total + g.pow(2).sum();
     double norm = std::sqrt(total.item<double>());
     *grad_norm = norm;
     if (!std::isfinite(norm)) {  // skip the update; keep the state clean
-      for (auto& t : p->params) t.mutable_grad() = Tensor();
+      p->clear_grads();
       return;
     }
     double coef = 1.0;
@@ -536,13 +540,20 @@ int rc_policy_step(rc_policy* p, const rc_adamw_opts* o, double* grad_norm, char
       w.addcdiv_(p->exp_avg[i], denom, -o->lr / bc1);
       if (!p->master.empty()) p->params[i].copy_(w);
     }
-    for (auto& t : p->params) t.mutable_grad() = Tensor();
+    p->clear_grads();
   });
 }
 
 int rc_policy_zero_grad(rc_policy* p, char** err) {
+  return guarded(err, [&] { p->clear_grads(); });
+}
+
+int rc_policy_reset_optimizer(rc_policy* p, char** err) {
   return guarded(err, [&] {
-    for (auto& t : p->params) t.mutable_grad() = Tensor();
+    torch::NoGradGuard ng;
+    for (auto& t : p->exp_avg) t.zero_();
+    for (auto& t : p->exp_avg_sq) t.zero_();
+    p->step = 0;
   });
 }
 

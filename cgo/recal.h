@@ -68,7 +68,9 @@ int rc_policy_param_info(rc_policy* p, int64_t i, const char** name, int32_t* nd
 int rc_policy_set_param(rc_policy* p, const char* name, int32_t dtype, const void* data, int64_t nbytes, char** err);
 
 /* Copies parameter `name` (or optimizer tensor, see rc_policy_state_*, or
- * "grad/<param>", the accumulated gradient, zeros when none) into buf as dtype. nbytes must equal numel * element size. */
+ * "grad/<param>", the accumulated gradient, zeros when none) into buf as dtype. nbytes must equal numel * element size.
+ * Gradients accumulate over backward calls in float32 whatever the policy's
+ * dtype: each call's gradients are added into float32 sums. */
 int rc_policy_get_param(rc_policy* p, const char* name, int32_t dtype, void* buf, int64_t nbytes, char** err);
 
 /* Initialises parameters randomly from seed (normal, std for matrices; norms
@@ -130,12 +132,20 @@ typedef struct rc_adamw_opts {
 } rc_adamw_opts;
 
 /* Clips the gradient norm, takes one AdamW step and zeroes the gradients.
- * *grad_norm receives the total norm before clipping. Non-finite gradients
- * skip the step (returns ok, *grad_norm is non-finite). */
+ * *grad_norm receives the total norm (of the float32 gradient sums) before
+ * clipping. Non-finite gradients skip the step: weights, moments and the step
+ * counter stay as they were, the gradients are dropped, the call returns ok
+ * and *grad_norm is non-finite (the caller counts and reports skips). */
 int rc_policy_step(rc_policy* p, const rc_adamw_opts* opts, double* grad_norm, char** err);
 
 /* Zeroes accumulated gradients without stepping. */
 int rc_policy_zero_grad(rc_policy* p, char** err);
+
+/* Resets the AdamW state to that of a fresh optimizer: moments to zero and
+ * the step counter to 0 (bias correction starts over). Float32 master
+ * weights, which are the weights rather than optimizer state, are kept.
+ * A no-op for a policy that has not stepped yet. */
+int rc_policy_reset_optimizer(rc_policy* p, char** err);
 
 /* Optimizer state: tensors are named "exp_avg/<param>", "exp_avg_sq/<param>"
  * and, for non-float32 policies, "master/<param>" (the float32 master copy);

@@ -63,6 +63,13 @@ struct rc_policy {
   torch::Tensor inv_freq;                   // [head_dim/2] float32 on device
   bool trainable = true;
 
+  // Gradient sums in float32, one per parameter (undefined: none yet), for
+  // every dtype. Autograd leaves each backward call's gradients in .grad (in
+  // the parameter dtype); flush_grads adds them here and clears .grad, so
+  // micro-batches accumulate in float32 even for bfloat16 policies. The
+  // optimizer (and anything that reduces gradients) reads these, not .grad.
+  std::vector<torch::Tensor> grad32;
+
   // AdamW state, created on the first step.
   int64_t step = 0;
   std::vector<torch::Tensor> exp_avg, exp_avg_sq, master;
@@ -79,14 +86,48 @@ struct rc_policy {
 
   const torch::Tensor& P(int i) const { return params[i]; }
 
+  // The float32 gradient sum of parameter i, created zero-filled when absent;
+  // adding into it accumulates.
+  torch::Tensor grad_acc(size_t i) {
+    if (grad32.size() != params.size()) grad32.resize(params.size());
+    if (!grad32[i].defined())
+      grad32[i] = torch::zeros(params[i].sizes(), torch::TensorOptions().dtype(torch::kFloat32).device(device));
+    return grad32[i];
+  }
+
+  // The float32 gradient sum of parameter i, undefined when it has none.
+  torch::Tensor grad(size_t i) const { return i < grad32.size() ? grad32[i] : torch::Tensor(); }
+
+  // Moves the gradients autograd left in .grad into the float32 sums.
+  void flush_grads() {
+    torch::NoGradGuard ng;
+    if (grad32.size() != params.size()) grad32.resize(params.size());
+    for (size_t i = 0; i < params.size(); i++) {
+      auto& t = params[i];
+      if (!t.grad().defined()) continue;
+      auto g = t.grad().to(torch::kFloat32);  // float32 .grad: the same tensor, no copy
+      if (grad32[i].defined())
+        grad32[i].add_(g);
+      else
+        grad32[i] = g;
+      t.mutable_grad() = torch::Tensor();
+    }
+  }
+
+  // Drops every gradient.
+  void clear_grads() {
+    for (auto& t : params) t.mutable_grad() = torch::Tensor();
+    grad32.clear();
+  }
+
   torch::Tensor find_tensor(const std::string& name) {
     auto it = index.find(name);
     if (it != index.end()) return params[it->second];
     if (name.rfind("grad/", 0) == 0) {  // read-only view of a parameter's gradient
       auto g = index.find(name.substr(5));
       if (g != index.end()) {
-        const auto& t = params[g->second];
-        return t.grad().defined() ? t.grad() : torch::zeros_like(t);
+        auto gs = grad(g->second);
+        return gs.defined() ? gs : torch::zeros_like(params[g->second]);
       }
     }
     for (size_t i = 0; i < state_names.size(); i++) {

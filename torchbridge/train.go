@@ -8,6 +8,7 @@ import "C"
 import (
 	"context"
 	"fmt"
+	"math"
 )
 
 // padded lays out ragged sequences as a right-padded [batch, width] matrix.
@@ -127,7 +128,8 @@ func (s *LossStats) Add(s2 LossStats) {
 
 // Backward computes the GRPO loss of seqs and accumulates its gradients:
 // per masked token, −min(ρA, clip(ρ, 1−ε, 1+ε)A) + kl_coef·k3 − entropy_coef·H,
-// summed and multiplied by opt.Scale. Call Step after the last micro-batch.
+// summed and multiplied by opt.Scale. Gradients of successive calls add up in
+// float32 whatever the policy's dtype. Call Step after the last micro-batch.
 func (p *Policy) Backward(ctx context.Context, seqs []Sequence, opt LossOptions) (LossStats, error) {
 	toks := make([][]int32, len(seqs))
 	for i, s := range seqs {
@@ -217,8 +219,10 @@ type AdamW struct {
 }
 
 // Step clips the accumulated gradient to MaxGradNorm, applies one AdamW
-// update and clears the gradients. It returns the norm before clipping; a
-// non-finite norm skips the update.
+// update and clears the gradients. It returns the norm before clipping. A
+// non-finite norm (see Skipped) means the update was skipped: weights and
+// optimizer state are unchanged and the gradients are dropped; the caller
+// must count and report it.
 func (p *Policy) Step(ctx context.Context, o AdamW) (gradNorm float64, err error) {
 	co := C.rc_adamw_opts{lr: C.double(o.LR), beta1: C.double(o.Beta1), beta2: C.double(o.Beta2), eps: C.double(o.Eps),
 		weight_decay: C.double(o.WeightDecay), max_grad_norm: C.double(o.MaxGradNorm)}
@@ -228,6 +232,31 @@ func (p *Policy) Step(ctx context.Context, o AdamW) (gradNorm float64, err error
 		return status(C.rc_policy_step(h, &co, &gn, &msg), msg)
 	})
 	return float64(gn), err
+}
+
+// Skipped reports whether Step skipped its update: the gradient norm it
+// returned is NaN or infinite.
+func Skipped(gradNorm float64) bool { return math.IsNaN(gradNorm) || math.IsInf(gradNorm, 0) }
+
+// ResetOptimizer gives the policy the AdamW state of a fresh optimizer:
+// moments zero and step count 0, as a separate job starting from the current
+// weights would have. Float32 master weights (bfloat16 policies) are kept.
+func (p *Policy) ResetOptimizer(ctx context.Context) error {
+	return p.call(ctx, func(h *C.rc_policy) error {
+		var msg *C.char
+		return status(C.rc_policy_reset_optimizer(h, &msg), msg)
+	})
+}
+
+// OptimizerStep is the number of AdamW updates applied since the policy was
+// created, its optimizer was loaded (LoadOptimizer) or reset.
+func (p *Policy) OptimizerStep(ctx context.Context) (int64, error) {
+	var st C.int64_t
+	err := p.call(ctx, func(h *C.rc_policy) error {
+		var msg *C.char
+		return status(C.rc_policy_state_step(h, &st, &msg), msg)
+	})
+	return int64(st), err
 }
 
 // ZeroGrad drops accumulated gradients.
