@@ -31,7 +31,7 @@ func TestAblation(t *testing.T) {
 			edit(&c)
 			if c.Gating != tt.gating || c.ComponentAdvantages != tt.cae ||
 				c.VarianceReweighting != tt.reweight || c.DatasetNormalization != tt.datasetNorms {
-				t.Errorf("after %s: gating=%v cae=%v reweight=%v datanorm=%v, want %v %v %v %v (method.md's ablations)",
+				t.Errorf("after %s: gating=%v cae=%v reweight=%v datanorm=%v, want %v %v %v %v (docs/method.md's ablations)",
 					tt.name, c.Gating, c.ComponentAdvantages, c.VarianceReweighting, c.DatasetNormalization,
 					tt.gating, tt.cae, tt.reweight, tt.datasetNorms)
 			}

@@ -32,7 +32,7 @@ func ComponentIndex(name string) (int, bool) {
 }
 
 // Config is the calibration table of recal.toml (keys calibration.*). The four switches turn the
-// pipeline steps of method.md on and off; all four on is full ReCal, all four
+// pipeline steps of docs/method.md on and off; all four on is full ReCal, all four
 // off is plain GRPO on the scalar reward.
 type Config struct {
 	// Gating turns on hierarchical gating (step 1): each component in Gated

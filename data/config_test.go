@@ -74,7 +74,7 @@ func TestConfigLoadTest(t *testing.T) {
 	}
 	want := map[string]int{"nq": 500, "triviaqa": 500, "popqa": 500, "hotpotqa": 500, "2wiki": 500, "musique": 500, "bamboogle": 125}
 	if !reflect.DeepEqual(counts, want) {
-		t.Errorf("test questions per dataset = %v, want %v (method.md: 500 each, Bamboogle 125)", counts, want)
+		t.Errorf("test questions per dataset = %v, want %v (docs/method.md: 500 each, Bamboogle 125)", counts, want)
 	}
 	if !reflect.DeepEqual(order, Known()) {
 		t.Errorf("datasets come in order %v, want %v", order, Known())

@@ -32,7 +32,7 @@
 //
 // Samples and shuffles use a generator written out in this package, so they
 // do not change with the Go release. Test sets keep up to
-// Config.TestPerDataset questions per dataset (method.md: 500, all 125 of
+// Config.TestPerDataset questions per dataset (docs/method.md: 500, all 125 of
 // Bamboogle) in file order. Validation questions are held out of the
 // training files. Sampler shuffles the mixed training set per epoch and its
 // SamplerState restores a run exactly.

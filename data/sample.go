@@ -96,7 +96,7 @@ func Sample(examples []Example, k int, seed int64, label string) []Example {
 
 // SampleTest keeps up to perDataset examples of each dataset, drawn with
 // Sample under the label "test/<dataset>", in their original order. This is
-// the evaluation protocol of method.md: 500 questions per dataset with a
+// the evaluation protocol of docs/method.md: 500 questions per dataset with a
 // fixed seed, all 125 of Bamboogle. perDataset ≤ 0 keeps all.
 func SampleTest(examples []Example, perDataset int, seed int64) []Example {
 	byDataset := make(map[string][]int)

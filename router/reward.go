@@ -43,7 +43,7 @@ func (r Rewards) Get(m string) float64 {
 // RouteReward is the routing-efficiency component for k pool calls with at
 // most maxTurns allowed: 0 when the pool was not used, otherwise
 // 1 − (k−1)/maxTurns, so one call earns 1 and every further call costs
-// 1/maxTurns (method.md).
+// 1/maxTurns (docs/method.md).
 func RouteReward(k, maxTurns int) float64 {
 	if k <= 0 || maxTurns <= 0 {
 		return 0
