@@ -81,6 +81,13 @@ type Train struct {
 	HeadChunk int `toml:"head_chunk"`
 	// LogEvery is the seconds between progress lines when stderr is not a terminal.
 	LogEvery float64 `toml:"log_every"`
+	// ResetOptimizerAfterSFT starts GRPO with a fresh AdamW (zero moments,
+	// step 0), as a separate RL job would, instead of the warm-up's state.
+	ResetOptimizerAfterSFT bool `toml:"reset_optimizer_after_sft"`
+	// MaxSkippedUpdates stops the run with an error after this many
+	// consecutive optimizer updates skipped for a non-finite gradient norm
+	// (0 = never stop; skips are still counted and logged).
+	MaxSkippedUpdates int `toml:"max_skipped_updates"`
 }
 
 // SFT configures the supervised warm-up on format demonstrations ([sft]):
@@ -133,7 +140,8 @@ func Default() Config {
 		Calibration: calibration.DefaultConfig(),
 		Train: Train{Steps: 150, BatchSize: 64, GroupSize: 4, MiniBatches: 1, MicroBatch: 16, Temperature: 1, TopP: 1,
 			LR: 1e-6, WeightDecay: 0.01, Beta1: 0.9, Beta2: 0.999, AdamEps: 1e-8, MaxGradNorm: 1, ClipEps: 0.2,
-			KLCoef: 0.001, EMADecay: 0.9, CheckpointEvery: 25, ValidateEvery: 25, HeadChunk: 1024, LogEvery: 10},
+			KLCoef: 0.001, EMADecay: 0.9, CheckpointEvery: 25, ValidateEvery: 25, HeadChunk: 1024, LogEvery: 10,
+			ResetOptimizerAfterSFT: true, MaxSkippedUpdates: 3},
 		SFT:  SFT{Steps: 0, BatchSize: 16, LR: 1e-4, AnswerWeight: 1},
 		Eval: Eval{Batch: 64},
 	}
@@ -269,6 +277,7 @@ func (c *Config) Validate() error {
 		{t.CheckpointEvery < 1, "train.checkpoint_every must be ≥ 1"},
 		{t.ValidateEvery < 0, "train.validate_every must be ≥ 0"},
 		{t.HeadChunk < 1, "train.head_chunk must be ≥ 1"},
+		{t.MaxSkippedUpdates < 0, fmt.Sprintf("train.max_skipped_updates = %d: must be ≥ 0 (0 = never stop)", t.MaxSkippedUpdates)},
 		{c.SFT.Steps < 0, "sft.steps must be ≥ 0"},
 		{c.SFT.Steps > 0 && c.SFT.BatchSize < 1, "sft.batch_size must be ≥ 1"},
 		{c.SFT.Steps > 0 && c.SFT.LR <= 0, "sft.lr must be > 0"},

@@ -46,6 +46,12 @@ func TestParse(t *testing.T) {
 		{name: "malformed set", text: base, sets: []string{"policy.dtype"}, wantErr: "key=value"},
 		{name: "tau_min > tau_max", text: base, sets: []string{"calibration.tau_min=1.5"}, wantErr: "calibration.tau_min"},
 		{name: "group size 1", text: base, sets: []string{"train.group_size=1"}, wantErr: "train.group_size"},
+		{name: "optimizer reset and skip limit default on", text: base, check: func(c Config) bool {
+			return c.Train.ResetOptimizerAfterSFT && c.Train.MaxSkippedUpdates == 3
+		}},
+		{name: "skip limit 0 never stops", text: base, sets: []string{"train.max_skipped_updates=0", "train.reset_optimizer_after_sft=false"},
+			check: func(c Config) bool { return c.Train.MaxSkippedUpdates == 0 && !c.Train.ResetOptimizerAfterSFT }},
+		{name: "negative skip limit", text: base, sets: []string{"train.max_skipped_updates=-1"}, wantErr: "train.max_skipped_updates"},
 		{name: "answer weight 0", text: base, sets: []string{"sft.steps=5", "sft.answer_weight=0"}, wantErr: "sft.answer_weight"},
 		{name: "weights all zero", text: base, sets: []string{"calibration.weights.ans=0", "calibration.weights.info=0",
 			"calibration.weights.format=0", "calibration.weights.route=0", "calibration.weights.balance=0"}, wantErr: "weights"},

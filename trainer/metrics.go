@@ -28,7 +28,7 @@ type Metrics struct {
 	ClipFrac         float64            `json:"clip_frac"` // share of policy tokens clipped
 	Ratio            float64            `json:"ratio"`
 	Loss             float64            `json:"loss"`
-	GradNorm         float64            `json:"grad_norm"` // mean over the step's optimizer updates, before clipping
+	GradNorm         float64            `json:"grad_norm"` // mean over the step's applied optimizer updates, before clipping
 	StepTime         float64            `json:"step_time_s"`
 	RolloutTime      float64            `json:"rollout_time_s"`
 	TokensPerSec     float64            `json:"tokens_per_s"` // policy tokens generated and trained per second
@@ -36,6 +36,12 @@ type Metrics struct {
 	Cost             float64            `json:"cost"` // USD spent on the pool this step
 	PoolFailures     int64              `json:"pool_failures"`
 	WellFormed       float64            `json:"well_formed"`
+
+	// SkippedUpdates is the step's optimizer updates skipped for a non-finite
+	// gradient norm (weights and optimizer unchanged); SkippedUpdatesTotal
+	// the same over the run so far.
+	SkippedUpdates      int `json:"skipped_updates"`
+	SkippedUpdatesTotal int `json:"skipped_updates_total"`
 }
 
 func stepMetrics(step int, samples []router.Sample, rewards []router.Rewards, cal calibration.Result, loss torchbridge.LossStats,
@@ -76,11 +82,13 @@ func stepMetrics(step int, samples []router.Sample, rewards []router.Rewards, ca
 		sq += (a - mean) * (a - mean) / n
 	}
 	m.Advantage = math.Sqrt(sq)
+	// A non-finite policy (NaN weights, overflow) makes these NaN, which JSON
+	// cannot hold: they are logged as 0, and skipped_updates tells why.
 	if loss.Tokens > 0 {
-		m.Entropy = loss.Entropy / loss.Tokens
-		m.KL = loss.KL / loss.Tokens
-		m.ClipFrac = loss.Clipped / loss.Tokens
-		m.Ratio = loss.Ratio / loss.Tokens
+		m.Entropy = finite(loss.Entropy / loss.Tokens)
+		m.KL = finite(loss.KL / loss.Tokens)
+		m.ClipFrac = finite(loss.Clipped / loss.Tokens)
+		m.Ratio = finite(loss.Ratio / loss.Tokens)
 	}
 	m.Loss = finite(loss.Loss)
 	for _, g := range gradNorms {

@@ -25,6 +25,12 @@ type State struct {
 	Balance *router.Balance    `json:"balance"` // EMA routing counts
 	Config  string             `json:"config_sha,omitempty"`
 	Extra   map[string]float64 `json:"extra,omitempty"`
+
+	// SkippedUpdates counts the optimizer updates skipped for a non-finite
+	// gradient norm over the run; ConsecutiveSkips those since the last
+	// applied update (train.max_skipped_updates bounds it).
+	SkippedUpdates   int `json:"skipped_updates,omitempty"`
+	ConsecutiveSkips int `json:"consecutive_skipped_updates,omitempty"`
 }
 
 // runDir is an open training run folder:

@@ -23,6 +23,10 @@ import (
 // saving a checkpoint; rerun with --resume to continue.
 var ErrInterrupted = errors.New("trainer: interrupted; a checkpoint was saved, rerun with --resume to continue")
 
+// ErrNonFiniteGradients is returned when train.max_skipped_updates optimizer
+// updates in a row were skipped for a non-finite gradient norm.
+var ErrNonFiniteGradients = errors.New("trainer: non-finite gradients")
+
 // Options say where a run lives.
 type Options struct {
 	RunDir string
@@ -101,7 +105,19 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 			return err
 		}
 		st.SFTDone = true
-		eng.Policy.ZeroGrad(ctx)
+		// The stage is done: finish it to its checkpoint even if interrupted now.
+		work := context.WithoutCancel(ctx)
+		if err := eng.Policy.ZeroGrad(work); err != nil {
+			return err
+		}
+		// GRPO starts with a fresh AdamW, as a separate RL job would
+		// (train.reset_optimizer_after_sft). The checkpoint holds that
+		// state, so a run resumed after the warm-up starts GRPO the same way.
+		if tc.ResetOptimizerAfterSFT {
+			if err := eng.Policy.ResetOptimizer(work); err != nil {
+				return err
+			}
+		}
 		if err := run.checkpoint(eng, &st, sampler, "sft"); err != nil {
 			return err
 		}
@@ -190,7 +206,8 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 		// mini-batch (the expensive part: forward+backward through libtorch).
 		var loss torchbridge.LossStats
 		var gradNorms []float64
-		for _, mb := range split(len(seqs), tc.MiniBatches) {
+		skipped := 0 // optimizer updates of this step skipped for a non-finite gradient norm
+		for j, mb := range split(len(seqs), tc.MiniBatches) {
 			tokens := 0.0
 			for _, i := range mb {
 				tokens += policyTokens(seqs[i])
@@ -214,6 +231,18 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 			if err != nil {
 				return err
 			}
+			if torchbridge.Skipped(gn) {
+				// A NaN/Inf gradient: the bridge left the weights and the
+				// optimizer untouched. Count it, say so, and stop below
+				// after train.max_skipped_updates in a row.
+				skipped++
+				st.SkippedUpdates++
+				st.ConsecutiveSkips++
+				log.Warn("optimizer update skipped: non-finite gradient norm", "step", step, "mini_batch", j+1,
+					"grad_norm", fmt.Sprint(gn), "consecutive", st.ConsecutiveSkips, "total", st.SkippedUpdates)
+				continue
+			}
+			st.ConsecutiveSkips = 0
 			gradNorms = append(gradNorms, gn)
 		}
 
@@ -222,10 +251,16 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 		st.Step = step
 		done++
 		m := stepMetrics(step, samples, rewards, cal, loss, gradNorms, rstats, env.Pool.Usage().Sub(usage0), len(qs), time.Since(t0), env.Pool.Models())
+		m.SkippedUpdates, m.SkippedUpdatesTotal = skipped, st.SkippedUpdates
 		if err := run.logStep(m, qs, tc.GroupSize, samples, rewards, cal); err != nil {
 			return err
 		}
 		progress.update(m)
+		if tc.MaxSkippedUpdates > 0 && st.ConsecutiveSkips >= tc.MaxSkippedUpdates {
+			// No checkpoint: the newest one predates the trouble.
+			return fmt.Errorf("%w: step %d: %d consecutive optimizer updates skipped (train.max_skipped_updates = %d); the weights or the batch hold NaN/Inf",
+				ErrNonFiniteGradients, step, st.ConsecutiveSkips, tc.MaxSkippedUpdates)
+		}
 
 		// 8. Validation and checkpoints.
 		last := st.Step == tc.Steps

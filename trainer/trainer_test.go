@@ -1,6 +1,7 @@
 package trainer_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -325,5 +326,137 @@ func TestDemoAnswerWeight(t *testing.T) {
 		if !slices.Contains(p.Tokens[:len(p.Tokens)-len(span)], int32(first)) {
 			t.Errorf("demo %d: the answer's first token %q is not in the prompt or the reply", i, eng.Tok.Decode([]int{first}))
 		}
+	}
+}
+
+// optimizerStep reads the AdamW step count a checkpoint's
+// optimizer.safetensors holds, and whether its first moments are all zero.
+func optimizerStep(t *testing.T, ckpt string) (step string, zeroMoments bool) {
+	t.Helper()
+	w, err := hfmodel.OpenWeightsFile(filepath.Join(ckpt, "optimizer.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	zeroMoments = true
+	for _, n := range w.Names() {
+		if !strings.HasPrefix(n, "exp_avg/") {
+			continue
+		}
+		tn, _ := w.Lookup(n)
+		b, err := w.Read(tn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, x := range b {
+			zeroMoments = zeroMoments && x == 0
+		}
+	}
+	return w.Metadata()["step"], zeroMoments
+}
+
+// train.reset_optimizer_after_sft: GRPO starts from a fresh AdamW (step 0,
+// zero moments) after the warm-up, or, when false, continues the warm-up's.
+func TestResetOptimizerAfterSFT(t *testing.T) {
+	if err := trainer.SetThreads(2); err != nil {
+		t.Fatal(err)
+	}
+	ck := microCheckpoint(t)
+	cases := []struct {
+		reset              bool
+		sftStep, finalStep string // optimizer steps after the warm-up and after 2 GRPO steps
+	}{
+		{true, "0", "2"},
+		{false, "2", "4"},
+	}
+	for _, c := range cases {
+		t.Run(fmt.Sprintf("reset=%v", c.reset), func(t *testing.T) {
+			run := filepath.Join(t.TempDir(), "run")
+			cfg := testConfig(t, ck, "train.steps=2", "train.validate_every=0", fmt.Sprintf("train.reset_optimizer_after_sft=%v", c.reset))
+			if err := trainer.Train(context.Background(), cfg, trainer.Options{RunDir: run}); err != nil {
+				t.Fatal(err)
+			}
+			step, zero := optimizerStep(t, filepath.Join(run, "checkpoints", "sft"))
+			if step != c.sftStep || zero != c.reset {
+				t.Errorf("optimizer state GRPO starts from: step %s, zero moments %v; want step %s, zero moments %v",
+					step, zero, c.sftStep, c.reset)
+			}
+			if step, _ := optimizerStep(t, filepath.Join(run, "checkpoints", "step-2")); step != c.finalStep {
+				t.Errorf("optimizer step after 2 GRPO updates %s, want %s", step, c.finalStep)
+			}
+		})
+	}
+}
+
+// poisoned copies a checkpoint with one weight set to NaN: every gradient
+// is then non-finite and every optimizer update is skipped.
+func poisoned(t *testing.T, ck string) string {
+	t.Helper()
+	p, err := torchbridge.LoadPolicy(ck, torchbridge.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	const name = "model.norm.weight"
+	buf := make([]byte, 4*16)
+	if err := p.GetParam(name, "F32", buf); err != nil {
+		t.Fatal(err)
+	}
+	binary.LittleEndian.PutUint32(buf[4:], math.Float32bits(float32(math.NaN())))
+	if err := p.SetParam(name, "F32", buf); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "nan")
+	if err := p.Save(dir); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// Updates skipped for a non-finite gradient norm are counted in
+// metrics.jsonl (per step and over the run), each is warned about in the
+// log, and train.max_skipped_updates in a row stop the run with an error
+// naming the step; 0 never stops.
+func TestSkippedUpdates(t *testing.T) {
+	if err := trainer.SetThreads(2); err != nil {
+		t.Fatal(err)
+	}
+	ck := poisoned(t, microCheckpoint(t))
+	cases := []struct {
+		max     int
+		steps   int    // GRPO steps logged
+		errStep string // "" = the run ends normally
+	}{
+		{3, 3, "step 3"},
+		{0, 4, ""},
+	}
+	for _, c := range cases {
+		t.Run(fmt.Sprintf("max=%d", c.max), func(t *testing.T) {
+			run := filepath.Join(t.TempDir(), "run")
+			cfg := testConfig(t, ck, "sft.steps=0", "train.validate_every=0", "train.checkpoint_every=4",
+				fmt.Sprintf("train.max_skipped_updates=%d", c.max))
+			var logBuf bytes.Buffer
+			err := trainer.Train(context.Background(), cfg, trainer.Options{RunDir: run, Log: slog.New(slog.NewTextHandler(&logBuf, nil))})
+			if c.errStep == "" {
+				if err != nil {
+					t.Fatalf("train.max_skipped_updates = 0 must never stop the run: %v", err)
+				}
+			} else if !errors.Is(err, trainer.ErrNonFiniteGradients) || !strings.Contains(err.Error(), c.errStep) {
+				t.Fatalf("error %v, want ErrNonFiniteGradients naming %q", err, c.errStep)
+			}
+			metrics := readJSONL(t, filepath.Join(run, "metrics.jsonl"))
+			if len(metrics) != c.steps {
+				t.Fatalf("%d metrics lines, want %d", len(metrics), c.steps)
+			}
+			for i, m := range metrics {
+				if m["skipped_updates"] != 1.0 || m["skipped_updates_total"] != float64(i+1) {
+					t.Errorf("step %v: skipped_updates %v, skipped_updates_total %v; want 1 and %d (every update of a NaN policy is skipped)",
+						m["step"], m["skipped_updates"], m["skipped_updates_total"], i+1)
+				}
+			}
+			if n := strings.Count(logBuf.String(), "optimizer update skipped"); n != c.steps {
+				t.Errorf("%d warnings of skipped updates in the log, want %d:\n%s", n, c.steps, logBuf.String())
+			}
+		})
 	}
 }
