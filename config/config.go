@@ -30,6 +30,7 @@ type Config struct {
 	Train       Train              `toml:"train"`
 	SFT         SFT                `toml:"sft"`
 	Eval        Eval               `toml:"eval"`
+	Serve       Serve              `toml:"serve"`
 }
 
 // Train configures GRPO training ([train]). Paper defaults: batch 64,
@@ -142,8 +143,9 @@ func Default() Config {
 			LR: 1e-6, WeightDecay: 0.01, Beta1: 0.9, Beta2: 0.999, AdamEps: 1e-8, MaxGradNorm: 1, ClipEps: 0.2,
 			KLCoef: 0.001, EMADecay: 0.9, CheckpointEvery: 25, ValidateEvery: 25, HeadChunk: 1024, LogEvery: 10,
 			ResetOptimizerAfterSFT: true, MaxSkippedUpdates: 3},
-		SFT:  SFT{Steps: 0, BatchSize: 16, LR: 1e-4, AnswerWeight: 1},
-		Eval: Eval{Batch: 64},
+		SFT:   SFT{Steps: 0, BatchSize: 16, LR: 1e-4, AnswerWeight: 1},
+		Eval:  Eval{Batch: 64},
+		Serve: DefaultServe(),
 	}
 }
 
@@ -253,6 +255,9 @@ func (c *Config) Validate() error {
 		return err
 	}
 	if err := c.Calibration.Validate(); err != nil {
+		return err
+	}
+	if err := c.Serve.Validate(); err != nil {
 		return err
 	}
 	t := c.Train

@@ -1,0 +1,85 @@
+package config
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"time"
+)
+
+// Serve configures `recal serve`, the OpenAI-compatible HTTP server ([serve]).
+type Serve struct {
+	// Addr is the host:port the server listens on; --addr overrides it.
+	// Default "127.0.0.1:8080" (local only).
+	Addr string `toml:"addr"`
+	// MaxBatch is the most requests decoding together (rows of the policy's
+	// batch). Default 32.
+	MaxBatch int `toml:"max_batch"`
+	// MaxQueue is the most requests waiting for a row; a request beyond
+	// max_batch + max_queue is answered 429 with Retry-After. Default 256.
+	MaxQueue int `toml:"max_queue"`
+	// RequestTimeout bounds one request, queueing included (duration; "0s" =
+	// none). A request that runs out is answered 504. Default "120s".
+	RequestTimeout time.Duration `toml:"request_timeout"`
+	// DrainTimeout is how long SIGTERM/SIGINT waits for requests in flight
+	// before closing their connections (duration). Default "30s".
+	DrainTimeout time.Duration `toml:"drain_timeout"`
+	// MaxBodyBytes caps a request body (bytes); a larger one is answered 413.
+	// Default 1048576 (1 MiB).
+	MaxBodyBytes int64 `toml:"max_body_bytes"`
+	// MaxQuestionChars caps the question (the last user message), in Unicode
+	// code points; a longer one is answered 400. Default 4000.
+	MaxQuestionChars int `toml:"max_question_chars"`
+	// APIKeyEnv names an environment variable holding the bearer token
+	// clients must send (Authorization: Bearer ...) to /v1/ endpoints; the
+	// variable must then be set. Empty (the default) means no
+	// authentication. The token itself never goes in a file.
+	APIKeyEnv string `toml:"api_key_env"`
+	// LogContent puts questions and answers in the access log lines.
+	// Default false: the log holds ids, status, timing, models and cost only.
+	LogContent bool `toml:"log_content"`
+}
+
+// DefaultServe returns the [serve] defaults.
+func DefaultServe() Serve {
+	return Serve{Addr: "127.0.0.1:8080", MaxBatch: 32, MaxQueue: 256, RequestTimeout: 120 * time.Second,
+		DrainTimeout: 30 * time.Second, MaxBodyBytes: 1 << 20, MaxQuestionChars: 4000}
+}
+
+// Validate names the first bad [serve] key.
+func (s Serve) Validate() error {
+	if _, _, err := net.SplitHostPort(s.Addr); err != nil {
+		return fmt.Errorf("serve.addr = %q: want host:port: %w", s.Addr, err)
+	}
+	checks := []struct {
+		bad bool
+		msg string
+	}{
+		{s.MaxBatch < 1, fmt.Sprintf("serve.max_batch = %d: must be ≥ 1", s.MaxBatch)},
+		{s.MaxQueue < 0, fmt.Sprintf("serve.max_queue = %d: must be ≥ 0", s.MaxQueue)},
+		{s.RequestTimeout < 0, fmt.Sprintf("serve.request_timeout = %s: must be ≥ 0", s.RequestTimeout)},
+		{s.DrainTimeout < 0, fmt.Sprintf("serve.drain_timeout = %s: must be ≥ 0", s.DrainTimeout)},
+		{s.MaxBodyBytes < 1024, fmt.Sprintf("serve.max_body_bytes = %d: must be ≥ 1024", s.MaxBodyBytes)},
+		{s.MaxQuestionChars < 1, fmt.Sprintf("serve.max_question_chars = %d: must be ≥ 1", s.MaxQuestionChars)},
+	}
+	for _, c := range checks {
+		if c.bad {
+			return fmt.Errorf("%s", c.msg)
+		}
+	}
+	return nil
+}
+
+// APIKey returns the client bearer token named by APIKeyEnv ("" when
+// APIKeyEnv is empty), or an error when the variable is unset or empty: a
+// server meant to require a token never starts without one.
+func (s Serve) APIKey() (string, error) {
+	if s.APIKeyEnv == "" {
+		return "", nil
+	}
+	v, ok := os.LookupEnv(s.APIKeyEnv)
+	if !ok || v == "" {
+		return "", fmt.Errorf("config: serve.api_key_env = %q: the variable is not set (unset api_key_env to serve without authentication)", s.APIKeyEnv)
+	}
+	return v, nil
+}
