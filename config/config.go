@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"sort"
 	"strings"
 
@@ -121,7 +122,9 @@ type Eval struct {
 type Policy struct {
 	// Checkpoint is the Hugging Face folder (config.json, model.safetensors,
 	// tokenizer.json) the policy is loaded from. Relative paths are resolved
-	// against the config file's folder.
+	// against the config file's folder (against the working directory when
+	// given with --set), as are data.dir, pool.cache_dir and
+	// router.prompt_template.
 	Checkpoint string `toml:"checkpoint"`
 	// Device is "cpu", "cuda" or "cuda:N" (cuda needs a CUDA libtorch, see LIBTORCH).
 	Device string `toml:"device"`
@@ -151,7 +154,9 @@ func Default() Config {
 
 // Load reads path over the defaults, applies sets ("key.sub=value", TOML
 // values; bare words are strings) and validates. Relative paths in the file
-// are resolved against its folder.
+// (and the defaults of path keys it leaves out) are resolved against the
+// file's folder; a relative path given by a set is taken relative to the
+// working directory, as any command-line path is.
 func Load(path string, sets []string) (Config, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -161,7 +166,12 @@ func Load(path string, sets []string) (Config, error) {
 	if err != nil {
 		return Config{}, err
 	}
-	cfg.resolve(filepath.Dir(path))
+	fromSet := map[string]bool{}
+	for _, s := range sets {
+		key, _, _ := strings.Cut(s, "=")
+		fromSet[strings.TrimSpace(key)] = true
+	}
+	cfg.resolve(filepath.Dir(path), fromSet)
 	return cfg, nil
 }
 
@@ -297,11 +307,50 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// resolve makes the file paths of the config absolute against dir.
-func (c *Config) resolve(dir string) {
-	for _, p := range []*string{&c.Policy.Checkpoint, &c.Data.Dir, &c.Pool.CacheDir, &c.Router.PromptTemplate} {
-		if *p != "" && !filepath.IsAbs(*p) {
-			*p = filepath.Join(dir, *p)
+// pathFields are the keys whose values are file paths, in a fixed order.
+// data.files entries are relative to data.dir and resolved by package data.
+func (c *Config) pathFields() []struct {
+	key string
+	p   *string
+} {
+	return []struct {
+		key string
+		p   *string
+	}{
+		{"policy.checkpoint", &c.Policy.Checkpoint},
+		{"data.dir", &c.Data.Dir},
+		{"pool.cache_dir", &c.Pool.CacheDir},
+		{"router.prompt_template", &c.Router.PromptTemplate},
+	}
+}
+
+// PathKeys lists the dotted keys whose values are file paths; a relative one
+// in a config file is resolved against the file's folder.
+func PathKeys() []string {
+	var c Config
+	var keys []string
+	for _, f := range c.pathFields() {
+		keys = append(keys, f.key)
+	}
+	return keys
+}
+
+// Path returns the value of a path key (see PathKeys), as resolved by Load.
+func (c *Config) Path(key string) (string, bool) {
+	for _, f := range c.pathFields() {
+		if f.key == key {
+			return *f.p, true
+		}
+	}
+	return "", false
+}
+
+// resolve joins dir to the relative paths of the config, except those of the
+// keys in skip (set on the command line: relative to the working directory).
+func (c *Config) resolve(dir string, skip map[string]bool) {
+	for _, f := range c.pathFields() {
+		if *f.p != "" && !filepath.IsAbs(*f.p) && !skip[f.key] {
+			*f.p = filepath.Join(dir, *f.p)
 		}
 	}
 }
@@ -313,4 +362,52 @@ func (c *Config) Write(path string) error {
 		return fmt.Errorf("config: %w", err)
 	}
 	return os.WriteFile(path, buf.Bytes(), 0o644)
+}
+
+// Diff lists the dotted keys whose values differ between two configurations
+// as Write encodes them (a list, such as pool.models, counts as one value).
+func Diff(a, b Config) ([]string, error) {
+	tree := func(c Config) (map[string]any, error) {
+		var buf bytes.Buffer
+		if err := toml.NewEncoder(&buf).Encode(c); err != nil {
+			return nil, fmt.Errorf("config: %w", err)
+		}
+		m := map[string]any{}
+		if _, err := toml.Decode(buf.String(), &m); err != nil {
+			return nil, fmt.Errorf("config: %w", err)
+		}
+		return m, nil
+	}
+	ta, err := tree(a)
+	if err != nil {
+		return nil, err
+	}
+	tb, err := tree(b)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	var walk func(prefix string, x, y map[string]any)
+	walk = func(prefix string, x, y map[string]any) {
+		keys := map[string]bool{}
+		for k := range x {
+			keys[k] = true
+		}
+		for k := range y {
+			keys[k] = true
+		}
+		for k := range keys {
+			xm, xok := x[k].(map[string]any)
+			ym, yok := y[k].(map[string]any)
+			switch {
+			case xok && yok:
+				walk(prefix+k+".", xm, ym)
+			case !reflect.DeepEqual(x[k], y[k]):
+				out = append(out, prefix+k)
+			}
+		}
+	}
+	walk("", ta, tb)
+	sort.Strings(out)
+	return out, nil
 }

@@ -3,8 +3,11 @@ package config
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/recal-project/recal/data"
 )
 
 const base = `
@@ -109,5 +112,204 @@ func TestShippedConfigs(t *testing.T) {
 				t.Errorf("the resolved config lacks %q", k)
 			}
 		}
+	}
+}
+
+// shippedConfigs are recal.toml and every file under configs/.
+func shippedConfigs(t *testing.T) []string {
+	t.Helper()
+	more, err := filepath.Glob("../configs/*.toml")
+	if err != nil || len(more) == 0 {
+		t.Fatalf("no configs/*.toml found (%v): the paper's config should ship", err)
+	}
+	return append([]string{"../recal.toml"}, more...)
+}
+
+// markedKeys reads a comment line "# <marker>: key, key" of a config file.
+func markedKeys(t *testing.T, text, marker string) map[string]bool {
+	t.Helper()
+	keys := map[string]bool{}
+	for _, line := range strings.Split(text, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "# "+marker+":")
+		if !ok {
+			continue
+		}
+		for _, k := range strings.Split(rest, ",") {
+			k = strings.TrimSpace(k)
+			if !slices.Contains(PathKeys(), k) {
+				t.Fatalf("comment %q names %q, which is not a path key (%v)", marker, k, PathKeys())
+			}
+			keys[k] = true
+		}
+	}
+	return keys
+}
+
+// ignoredDirs are the repository's top-level folders that .gitignore
+// anchors ("/runs/"): where runs may create files.
+func ignoredDirs(t *testing.T, root string) []string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(root, ".gitignore"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dirs []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "/") && strings.HasSuffix(line, "/") && strings.Count(line, "/") == 2 {
+			dirs = append(dirs, filepath.Join(root, strings.Trim(line, "/")))
+		}
+	}
+	return dirs
+}
+
+// Every path a shipped config names resolves, against the file's folder, to
+// something in the repository, except the paths its comments say the user
+// supplies ("# Paths you supply: ...") and those a run or make creates
+// ("# Paths created by a run or by make: ..."), which must be creatable in a
+// git-ignored folder so that no run writes into tracked files.
+// configs/qwen2.5-3b-nim.toml once named "data/qa", which resolved to
+// configs/data/qa.
+func TestShippedConfigPathsExist(t *testing.T) {
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ignored := ignoredDirs(t, root)
+	for _, path := range shippedConfigs(t) {
+		t.Run(filepath.Base(path), func(t *testing.T) {
+			text, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			supplied := markedKeys(t, string(text), "Paths you supply")
+			created := markedKeys(t, string(text), "Paths created by a run or by make")
+			abs, _ := filepath.Abs(path)
+			cfg, err := Load(abs, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, key := range PathKeys() {
+				p, _ := cfg.Path(key)
+				switch {
+				case key == "pool.cache_dir" && cfg.Pool.Cache == "off":
+					if created[key] || supplied[key] {
+						t.Errorf("%s: comments name %s, but pool.cache is off and nothing uses it", path, key)
+					}
+				case supplied[key]:
+					if p == "" {
+						t.Errorf("%s: %s is empty; a path the user supplies still needs a default naming where", path, key)
+					}
+				case created[key]:
+					if !slices.ContainsFunc(ignored, func(d string) bool { return strings.HasPrefix(p, d+string(filepath.Separator)) }) {
+						t.Errorf("%s: %s = %s is created by a run, so it must lie in a git-ignored folder (%v)", path, key, p, ignored)
+					}
+					if _, err := os.Stat(p); err != nil && !creatable(p) {
+						t.Errorf("%s: %s = %s neither exists nor can be created", path, key, p)
+					}
+				default:
+					if _, err := os.Stat(p); err != nil {
+						t.Errorf("%s: %s = %s: %v; relative paths resolve against the config's folder, and the comments do not say the user supplies it", path, key, p, err)
+					}
+				}
+			}
+			datasets, _ := data.Expand(cfg.Data.Train)
+			for _, ds := range datasets {
+				if _, err := cfg.Data.Path(ds, data.FileTrain); err != nil {
+					t.Errorf("%s: training file of %s: %v", path, ds, err)
+				}
+			}
+			datasets, _ = data.Expand(cfg.Data.Test)
+			for _, ds := range datasets {
+				if _, err := cfg.Data.Path(ds, data.FileTest); err != nil {
+					t.Errorf("%s: test file of %s: %v", path, ds, err)
+				}
+			}
+		})
+	}
+}
+
+// creatable reports whether MkdirAll(p) could work: the nearest existing
+// ancestor is a folder.
+func creatable(p string) bool {
+	for d := filepath.Dir(p); ; d = filepath.Dir(d) {
+		if st, err := os.Stat(d); err == nil {
+			return st.IsDir()
+		}
+		if d == filepath.Dir(d) {
+			return false
+		}
+	}
+}
+
+// Relative paths in a file are resolved against its folder; the same path
+// given with --set is relative to the working directory, like any other
+// command-line path (--config configs/x.toml --set policy.checkpoint=models/m
+// means ./models/m, not configs/models/m).
+func TestLoadResolvesPaths(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "configs")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(dir, "c.toml")
+	if err := os.WriteFile(file, []byte(base+"\n[data]\ndir = \"../qa\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		sets []string
+		key  string
+		want string
+	}{
+		{"file path against the file's folder", nil, "policy.checkpoint", filepath.Join(dir, "ck")},
+		{"parent of the file's folder", nil, "data.dir", filepath.Join(dir, "..", "qa")},
+		{"default against the file's folder", nil, "router.prompt_template", filepath.Join(dir, "router", "prompt.tmpl")},
+		{"set path against the working directory", []string{"policy.checkpoint=models/m"}, "policy.checkpoint", filepath.Join("models", "m")},
+		{"set other key leaves paths alone", []string{"train.steps=3"}, "policy.checkpoint", filepath.Join(dir, "ck")},
+		{"absolute set path", []string{"pool.cache_dir=/tmp/c"}, "pool.cache_dir", "/tmp/c"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cfg, err := Load(file, c.sets)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, _ := cfg.Path(c.key); got != c.want {
+				t.Errorf("%s = %q, want %q", c.key, got, c.want)
+			}
+		})
+	}
+}
+
+// Diff names exactly the keys that differ, nested tables by dotted key.
+func TestDiff(t *testing.T) {
+	a, err := Parse("a.toml", []byte(base), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		text string
+		sets []string
+		want []string
+	}{
+		{"same", base, nil, nil},
+		{"one key", base, []string{"train.lr=3e-4"}, []string{"train.lr"}},
+		{"nested table", base, []string{"calibration.weights.ans=0.5"}, []string{"calibration.weights.ans"}},
+		{"a list counts as one value", strings.Replace(base, `name = "m"`, `name = "n"`, 1), nil, []string{"pool.models"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			b, err := Parse("b.toml", []byte(c.text), c.sets)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := Diff(a, b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got, c.want) {
+				t.Errorf("Diff = %v, want %v", got, c.want)
+			}
+		})
 	}
 }
