@@ -3,6 +3,9 @@ package eval_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"maps"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,10 +26,12 @@ type fixture struct {
 	qs    []data.Example
 }
 
-func newFixture(t *testing.T) fixture {
+func newFixture(t *testing.T) fixture { return fixtureFor(t, microCheckpoint(t)) }
+
+// fixtureFor evaluates checkpoint ck on 6 questions of each ood dataset.
+func fixtureFor(t *testing.T, ck string) fixture {
 	t.Helper()
 	trainer.SetThreads(2)
-	ck := microCheckpoint(t)
 	cfg, err := config.Load("../recal.toml", []string{"router.turn_tokens=8", "data.test_per_dataset=6", "eval.batch=4", `data.test=["ood"]`})
 	if err != nil {
 		t.Fatal(err)
@@ -45,7 +50,7 @@ func newFixture(t *testing.T) fixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { env.Close() })
-	return fixture{eval.Setup{Env: env, Batch: 4, Seed: 0}, qs}
+	return fixture{eval.Setup{Env: env, Batch: 4, Seed: 0, Pool: cfg.Pool}, qs}
 }
 
 var routers = []string{"policy", "direct", "largest", "random", "prompt"}
@@ -158,5 +163,148 @@ func TestExtractAnswer(t *testing.T) {
 		if got := eval.ExtractAnswer(in); got != want {
 			t.Errorf("ExtractAnswer(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// readAnswers returns the responses of a results file by question id.
+func readAnswers(t *testing.T, path string) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var r trainer.QuestionResult
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		if _, dup := out[r.ID]; dup {
+			t.Errorf("%s answers %s twice: results of two evaluations mixed", path, r.ID)
+		}
+		out[r.ID] = r.Response
+	}
+	return out
+}
+
+// Results are keyed by what decides them: evaluating checkpoint A and then
+// checkpoint B (other weights) into one folder reports B's own answers, not
+// A's resumed ones; A's are kept aside and taken back when A is evaluated
+// again; the baseline routers, which do not read the checkpoint, are not
+// asked again.
+func TestRunKeysResultsByCheckpoint(t *testing.T) {
+	a := fixtureFor(t, testpolicy.Micro(t, "..", 2))
+	b := fixtureFor(t, testpolicy.Micro(t, "..", 3))
+	ctx := context.Background()
+	routers := []string{"policy", "random"}
+	wantB := t.TempDir()
+	tableB, err := eval.Run(ctx, b.setup, b.qs, routers, wantB, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	tableA, err := eval.Run(ctx, a.setup, a.qs, routers, dir, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	answersA := readAnswers(t, filepath.Join(dir, "results-policy.jsonl"))
+	answersB := readAnswers(t, filepath.Join(wantB, "results-policy.jsonl"))
+	if maps.Equal(answersA, answersB) {
+		t.Fatal("checkpoints A and B give the same responses; the test needs policies that differ")
+	}
+
+	asked := map[string]int{}
+	count := func(r string, done, total int) { asked[r]++ }
+	got, err := eval.Run(ctx, b.setup, b.qs, routers, dir, nil, count)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := readAnswers(t, filepath.Join(dir, "results-policy.jsonl")); !maps.Equal(g, answersB) {
+		t.Error("evaluating B into A's folder did not give B's own answers (A's were resumed or mixed in)")
+	}
+	if tableText(got) != tableText(tableB) {
+		t.Errorf("B's table in A's folder differs from B's table in a fresh folder:\n%s\nvs\n%s", tableText(got), tableText(tableB))
+	}
+	if asked["random"] != 0 {
+		t.Errorf("the random router was asked again (%d batches) although its answers do not depend on the checkpoint", asked["random"])
+	}
+	aside, _ := filepath.Glob(filepath.Join(dir, "results-policy.*.jsonl"))
+	if len(aside) != 1 || !maps.Equal(readAnswers(t, aside[0]), answersA) {
+		t.Errorf("A's results moved aside: %v, want one file holding A's answers", aside)
+	}
+
+	asked = map[string]int{}
+	again, err := eval.Run(ctx, a.setup, a.qs, routers, dir, nil, count)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if asked["policy"] != 0 || tableText(again) != tableText(tableA) {
+		t.Errorf("evaluating A again asked the policy %d times (want 0: its results were kept aside) and gave\n%s\nwant\n%s",
+			asked["policy"], tableText(again), tableText(tableA))
+	}
+}
+
+// A result that cannot be encoded (a NaN score) fails the evaluation,
+// naming the question, instead of writing an empty line that the next run
+// would skip.
+func TestRunReportsUnencodableResults(t *testing.T) {
+	f := newFixture(t)
+	eval.Routers["nan"] = eval.Spec{New: func(s eval.Setup) (eval.Router, error) { return nanRouter{}, nil }}
+	t.Cleanup(func() { delete(eval.Routers, "nan") })
+	dir := t.TempDir()
+	_, err := eval.Run(context.Background(), f.setup, f.qs, []string{"nan"}, dir, nil, nil)
+	if err == nil || !strings.Contains(err.Error(), f.qs[0].ID) || !strings.Contains(err.Error(), "NaN") {
+		t.Fatalf("error %v, want one naming question %s and the NaN", err, f.qs[0].ID)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "results-nan.jsonl")); len(b) != 0 {
+		t.Errorf("results-nan.jsonl holds %q, want nothing written for a batch that failed", b)
+	}
+}
+
+type nanRouter struct{}
+
+func (nanRouter) Answer(_ context.Context, qs []data.Example) ([]trainer.QuestionResult, error) {
+	out := make([]trainer.QuestionResult, len(qs))
+	for i, q := range qs {
+		out[i] = trainer.QuestionResult{ID: q.ID, Dataset: q.Dataset, Cost: math.NaN()}
+	}
+	return out, nil
+}
+
+// The checkpoint digest reads the files that decide answers, not the path
+// or the optimizer and trainer state.
+func TestCheckpointDigest(t *testing.T) {
+	ck := testpolicy.Micro(t, "..", 2)
+	base, err := eval.CheckpointDigest(ck)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(ck, "trainer_state.json"), []byte(`{"step": 3}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := eval.CheckpointDigest(ck); d != base {
+		t.Error("the digest changed with trainer_state.json, which does not decide answers")
+	}
+	link := filepath.Join(t.TempDir(), "last")
+	if err := os.Symlink(ck, link); err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := eval.CheckpointDigest(link); d != base {
+		t.Error("the digest through a symlink (checkpoints/last) differs from the folder's")
+	}
+	w := filepath.Join(ck, "model.safetensors")
+	b, err := os.ReadFile(w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)-1] ^= 1 // one bit of the last weight
+	if err := os.WriteFile(w, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := eval.CheckpointDigest(link); d == base {
+		t.Error("the digest did not change with the weights")
+	}
+	if _, err := eval.CheckpointDigest(t.TempDir()); err == nil {
+		t.Error("a folder without weights has a digest")
 	}
 }

@@ -32,8 +32,10 @@ type Table struct {
 
 // Run evaluates each router on qs, appending per-question results to
 // outDir/results-<router>.jsonl; questions already there are not asked again,
-// so an interrupted run resumes where it stopped. progress, if not nil, is
-// called after each batch.
+// so an interrupted run resumes where it stopped. A file is resumed only when
+// it holds the answers of the same inputs (checkpoint contents, pool, …; see
+// identity.go); otherwise it is moved aside and the router starts afresh.
+// progress, if not nil, is called after each batch.
 func Run(ctx context.Context, s Setup, qs []data.Example, routers []string, outDir string, log *slog.Logger,
 	progress func(router string, done, total int)) (Table, error) {
 	if log == nil {
@@ -43,12 +45,20 @@ func Run(ctx context.Context, s Setup, qs []data.Example, routers []string, outD
 		return Table{}, fmt.Errorf("eval: %w", err)
 	}
 	t := Table{Datasets: datasetsOf(qs)}
+	memo := map[string]json.RawMessage{}
 	for _, name := range routers {
 		r, err := NewRouter(name, s)
 		if err != nil {
 			return Table{}, err
 		}
 		path := filepath.Join(outDir, "results-"+name+".jsonl")
+		id, err := identityOf(name, s, memo)
+		if err != nil {
+			return Table{}, err
+		}
+		if err := claimResults(path, id, log); err != nil {
+			return Table{}, err
+		}
 		done, err := readResults(path)
 		if err != nil {
 			return Table{}, err
@@ -75,7 +85,11 @@ func Run(ctx context.Context, s Setup, qs []data.Example, routers []string, outD
 			}
 			var buf strings.Builder
 			for _, q := range res {
-				b, _ := json.Marshal(q)
+				b, err := json.Marshal(q)
+				if err != nil {
+					f.Close()
+					return Table{}, fmt.Errorf("eval: router %s, question %s: result does not encode: %w", name, q.ID, err)
+				}
 				buf.Write(b)
 				buf.WriteByte('\n')
 				done[q.ID] = q

@@ -37,35 +37,49 @@ type Setup struct {
 	Selector string       // pool model the "prompt" router asks ("" = Largest)
 	KNNLog   string       // rollouts.jsonl with logged outcomes for "knn"
 	KNNK     int          // neighbours for "knn"
+	// Pool is the configuration Env's pool was built from; its part that
+	// decides answers keys the results files (see identity.go).
+	Pool llmpool.Config
+}
+
+// Spec is a registered router.
+type Spec struct {
+	// New builds the router.
+	New func(s Setup) (Router, error)
+	// Inputs names what decides the router's answers besides its name (parts
+	// of inputParts in identity.go); results are resumed only under the
+	// same inputs.
+	Inputs []string
 }
 
 // Routers is the registry of routers by name; each entry's doc says what it
 // does. Unknown names are an error listing these.
-var Routers = map[string]func(s Setup) (Router, error){
+var Routers = map[string]Spec{
 	// policy: the trained checkpoint runs the routing protocol (greedy).
-	"policy": func(s Setup) (Router, error) { return policyRouter{s}, nil },
+	"policy": {New: func(s Setup) (Router, error) { return policyRouter{s}, nil },
+		Inputs: []string{"checkpoint", "policy", "router", "pool"}},
 	// direct: the policy answers alone: no model is listed and no call is made.
-	"direct": newDirect,
+	"direct": {New: newDirect, Inputs: []string{"checkpoint", "policy", "router"}},
 	// largest: the pool's largest model (highest output price, or --largest) answers every question directly.
-	"largest": func(s Setup) (Router, error) {
+	"largest": {New: func(s Setup) (Router, error) {
 		m, err := largest(s)
 		return fixedRouter{s: s, pick: func(data.Example) string { return m }}, err
-	},
+	}, Inputs: []string{"pool", "largest"}},
 	// random: a pool model drawn uniformly per question (seeded) answers directly.
-	"random": func(s Setup) (Router, error) {
+	"random": {New: func(s Setup) (Router, error) {
 		models := s.Env.Pool.Models()
 		return fixedRouter{s: s, pick: func(q data.Example) string {
 			h := fnv.New64a()
 			fmt.Fprintf(h, "%d/%s", s.Seed, q.ID)
 			return models[h.Sum64()%uint64(len(models))].Name
 		}}, nil
-	},
+	}, Inputs: []string{"pool", "seed"}},
 	// prompt: a pool model is asked which model should answer (given the
 	// descriptions); the first pool name in its reply answers directly.
-	"prompt": newPromptRouter,
+	"prompt": {New: newPromptRouter, Inputs: []string{"pool", "largest", "selector"}},
 	// knn: the k nearest logged training questions (token-set cosine); the
 	// model with the best mean answer F1 on them answers directly.
-	"knn": newKNN,
+	"knn": {New: newKNN, Inputs: []string{"pool", "knn"}},
 }
 
 // RouterNames lists the registered routers.
@@ -80,11 +94,11 @@ func RouterNames() []string {
 
 // NewRouter builds a registered router.
 func NewRouter(name string, s Setup) (Router, error) {
-	f, ok := Routers[name]
+	spec, ok := Routers[name]
 	if !ok {
 		return nil, fmt.Errorf("eval: unknown router %q (known: %s)", name, strings.Join(RouterNames(), ", "))
 	}
-	return f(s)
+	return spec.New(s)
 }
 
 type policyRouter struct{ s Setup }

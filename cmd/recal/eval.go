@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
@@ -40,17 +41,22 @@ func evalCommand() *cli.Command {
 		Usage: "evaluate a policy checkpoint and baseline routers on the test sets (EM, F1, calls, cost)",
 		Description: "Greedy decoding over up to data.test_per_dataset questions per dataset. Prints the\n" +
 			"table and writes table.{json,csv,md} and results-<router>.jsonl into --out; rerunning\n" +
-			"with the same --out finishes an interrupted evaluation without redoing what was done.",
+			"with the same --out finishes an interrupted evaluation without redoing what was done.\n" +
+			"A results file of other inputs (another checkpoint's weights, pool or settings) is\n" +
+			"moved aside to results-<router>.<id>.jsonl (and taken back when those inputs return),\n" +
+			"never mixed in. --dry-run checks everything first and writes nothing.",
 		Flags: append(append(configFlags(),
 			&cli.StringFlag{Name: "checkpoint", Usage: "policy checkpoint folder (required for the policy and direct routers)"},
 			&cli.StringFlag{Name: "out", Usage: "output folder (default <checkpoint>/../../eval-<split>, or runs/eval-<split>)"},
+			&cli.BoolFlag{Name: "dry-run", Usage: "check the config, checkpoint, data, pool and API keys, print a summary and exit (0, or 2 listing every problem); loads and writes nothing"},
 		), evalFlags()...),
 		Action: runEval,
 	}
 }
 
-// evalQuestions loads the test questions of --split or --datasets.
-func evalQuestions(cmd *cli.Command, cfg config.Config) ([]data.Example, string, error) {
+// evalSelection names the test datasets of --split or --datasets, and the
+// selection's name for the default --out.
+func evalSelection(cmd *cli.Command) ([]string, string, error) {
 	sel := cmd.String("split")
 	names, err := data.Split(sel)
 	if cmd.IsSet("datasets") {
@@ -60,9 +66,42 @@ func evalQuestions(cmd *cli.Command, cfg config.Config) ([]data.Example, string,
 	if err != nil {
 		return nil, "", usageError{err}
 	}
+	return names, sel, nil
+}
+
+// evalQuestions loads the test questions of --split or --datasets.
+func evalQuestions(cmd *cli.Command, cfg config.Config) ([]data.Example, string, error) {
+	names, sel, err := evalSelection(cmd)
+	if err != nil {
+		return nil, "", err
+	}
 	cfg.Data.Test = names
 	qs, err := cfg.Data.LoadTest()
 	return qs, sel, err
+}
+
+// evalOut is --out, or its default: eval-<selection> in the run folder of
+// the checkpoint (…/run/checkpoints/step-N), else runs/eval-<selection>.
+func evalOut(cmd *cli.Command, checkpoint, sel string) string {
+	if out := cmd.String("out"); out != "" {
+		return out
+	}
+	run := filepath.Dir(filepath.Dir(filepath.Clean(checkpoint)))
+	if !fileExists(filepath.Join(run, "config.toml")) {
+		return filepath.Join("runs", "eval-"+sel)
+	}
+	return filepath.Join(run, "eval-"+sel)
+}
+
+// knnLogOf is --knn-log, or the rollouts.jsonl of the checkpoint's run ("" if none).
+func knnLogOf(cmd *cli.Command, checkpoint string) string {
+	if p := cmd.String("knn-log"); p != "" {
+		return p
+	}
+	if guess := filepath.Join(filepath.Dir(filepath.Dir(filepath.Clean(checkpoint))), "rollouts.jsonl"); fileExists(guess) {
+		return guess
+	}
+	return ""
 }
 
 // evalSetup opens the policy and the pool (with the extra models).
@@ -91,14 +130,9 @@ func evalSetup(cmd *cli.Command, cfg config.Config, checkpoint string, qs []data
 		eng.Close()
 		return eval.Setup{}, nil, err
 	}
-	knnLog := cmd.String("knn-log")
-	if knnLog == "" {
-		if guess := filepath.Join(filepath.Dir(filepath.Dir(filepath.Clean(checkpoint))), "rollouts.jsonl"); fileExists(guess) {
-			knnLog = guess
-		}
-	}
+	knnLog := knnLogOf(cmd, checkpoint)
 	s := eval.Setup{Env: env, Batch: cfg.Eval.Batch, Seed: cfg.Train.Seed, Largest: cmd.String("largest"),
-		Selector: cmd.String("selector"), KNNLog: knnLog, KNNK: int(cmd.Int("knn-k"))}
+		Selector: cmd.String("selector"), KNNLog: knnLog, KNNK: int(cmd.Int("knn-k")), Pool: cfg.Pool}
 	return s, func() { env.Close(); eng.Close() }, nil
 }
 
@@ -121,6 +155,17 @@ func runEval(ctx context.Context, cmd *cli.Command) error {
 			return usageError{fmt.Errorf("--routers: unknown router %q (known: %s)", r, strings.Join(eval.RouterNames(), ", "))}
 		}
 	}
+	ck := cmd.String("checkpoint")
+	if cmd.Bool("dry-run") {
+		names, sel, err := evalSelection(cmd)
+		if err != nil {
+			return err
+		}
+		cfg.Data.Test = names
+		return dryRunEval(os.Stdout, cfg, cmd.String("config"), ck, evalChoices{routers: routers, routersSet: cmd.IsSet("routers"),
+			extraModels: cmd.String("extra-models"), largest: cmd.String("largest"), selector: cmd.String("selector"),
+			knnLog: knnLogOf(cmd, ck), out: evalOut(cmd, ck, sel)})
+	}
 	qs, sel, err := evalQuestions(cmd, cfg)
 	if err != nil {
 		return err
@@ -128,7 +173,6 @@ func runEval(ctx context.Context, cmd *cli.Command) error {
 	if err := setThreadsFrom(cmd, cfg); err != nil {
 		return err
 	}
-	ck := cmd.String("checkpoint")
 	s, closeAll, err := evalSetup(cmd, cfg, ck, qs)
 	if err != nil {
 		return err
@@ -138,13 +182,7 @@ func runEval(ctx context.Context, cmd *cli.Command) error {
 		routers = slices.DeleteFunc(routers, func(r string) bool { return r == "knn" }) // no logged outcomes to route by
 		slog.Warn("router knn skipped: no --knn-log and no rollouts.jsonl beside the checkpoint")
 	}
-	out := cmd.String("out")
-	if out == "" {
-		out = filepath.Join(filepath.Dir(filepath.Dir(filepath.Clean(ck))), "eval-"+sel)
-		if !fileExists(filepath.Join(filepath.Dir(filepath.Dir(filepath.Clean(ck))), "config.toml")) {
-			out = filepath.Join("runs", "eval-"+sel)
-		}
-	}
+	out := evalOut(cmd, ck, sel)
 	slog.Info("evaluating", "questions", len(qs), "routers", strings.Join(routers, ","), "out", out)
 	table, err := eval.Run(ctx, s, qs, routers, out, slog.Default(), progressFunc())
 	if err != nil {
@@ -222,7 +260,16 @@ func ablateCommand() *cli.Command {
 				edit(&vc.Calibration)
 				dir := filepath.Join(root, variant)
 				resume := fileExists(filepath.Join(dir, "checkpoints", "last"))
-				if !resume || !finished(dir, vc.Train.Steps) {
+				done := false
+				if resume {
+					if err := trainedAs(dir, vc); err != nil {
+						return err
+					}
+					if done, err = finished(dir, vc.Train.Steps); err != nil {
+						return err
+					}
+				}
+				if !done {
 					slog.Info("ablation: training", "variant", variant, "run_dir", dir, "resume", resume)
 					if err := trainer.Train(ctx, vc, trainer.Options{RunDir: dir, Resume: resume, Log: slog.Default()}); err != nil {
 						return err
@@ -261,8 +308,48 @@ func ablateCommand() *cli.Command {
 	}
 }
 
+// trainedAs checks that the run in dir was trained with cfg, up to the
+// number of steps (a longer run continues it), the [eval] and [serve]
+// tables and where the policy runs (policy.device, policy.threads): a
+// table must not name one configuration and report another's policy. Any
+// other difference, the pool's operational settings included, is refused.
+func trainedAs(dir string, cfg config.Config) error {
+	path := filepath.Join(dir, "config.toml")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("ablate: %s has checkpoints but no readable config.toml: %w", dir, err)
+	}
+	was, err := config.Parse(path, b, nil)
+	if err != nil {
+		return fmt.Errorf("ablate: %w", err)
+	}
+	was.Train.Steps, was.Eval, was.Serve = cfg.Train.Steps, cfg.Eval, cfg.Serve
+	was.Policy.Device, was.Policy.Threads = cfg.Policy.Device, cfg.Policy.Threads
+	diff, err := config.Diff(was, cfg)
+	if err != nil {
+		return err
+	}
+	if len(diff) > 0 {
+		return fmt.Errorf("ablate: %s was trained with another configuration (%s differ); choose another --run-dir or remove that run", dir, strings.Join(diff, ", "))
+	}
+	return nil
+}
+
 // finished reports whether a run's last checkpoint is at its final step.
-func finished(dir string, steps int) bool {
-	b, err := os.ReadFile(filepath.Join(dir, "checkpoints", "last", "trainer_state.json"))
-	return err == nil && strings.Contains(string(b), fmt.Sprintf("\"step\": %d,", steps))
+func finished(dir string, steps int) (bool, error) {
+	path := filepath.Join(dir, "checkpoints", "last", "trainer_state.json")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return false, fmt.Errorf("ablate: %w", err)
+	}
+	var st struct {
+		Step *int `json:"step"`
+	}
+	if err := json.Unmarshal(b, &st); err != nil || st.Step == nil {
+		return false, fmt.Errorf("ablate: %s: no step in it (%v)", path, err)
+	}
+	if *st.Step > steps {
+		return false, fmt.Errorf("ablate: %s is at step %d, past train.steps = %d; choose another --run-dir", path, *st.Step, steps)
+	}
+	return *st.Step == steps, nil
 }

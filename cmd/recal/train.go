@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -20,7 +21,7 @@ import (
 func configFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "config", Value: "recal.toml", Usage: "configuration file (TOML; unknown keys are errors)"},
-		&cli.StringSliceFlag{Name: "set", Usage: "override a config key: --set train.steps=10 (repeatable; dotted key names)"},
+		&cli.StringSliceFlag{Name: "set", Usage: "override a config key: --set train.steps=10 (repeatable; dotted key names; a relative path is relative to the working directory, while paths in the file are relative to the file's folder)"},
 	}
 }
 
@@ -42,6 +43,7 @@ func trainCommand() *cli.Command {
 			"SIGINT/SIGTERM save a checkpoint and exit with status 130; --resume continues.",
 		Flags: append(configFlags(),
 			&cli.StringFlag{Name: "run-dir", Usage: "run folder (default runs/<config name>)"},
+			&cli.BoolFlag{Name: "dry-run", Usage: "check the config, checkpoint, data, pool and API keys, print a summary with a memory estimate and exit (0, or 2 listing every problem); loads and writes nothing"},
 			&cli.BoolFlag{Name: "resume", Usage: "continue the run in --run-dir from its last checkpoint"},
 		),
 		Action: func(ctx context.Context, cmd *cli.Command) error {
@@ -54,6 +56,9 @@ func trainCommand() *cli.Command {
 			if runDir == "" {
 				name := strings.TrimSuffix(filepath.Base(cmd.String("config")), filepath.Ext(cmd.String("config")))
 				runDir = filepath.Join("runs", name)
+			}
+			if cmd.Bool("dry-run") {
+				return dryRunTrain(os.Stdout, cfg, cmd.String("config"), runDir, cmd.Bool("resume"))
 			}
 			if err := setThreadsFrom(cmd, cfg); err != nil {
 				return err
