@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/recal-project/recal/calibration"
@@ -35,66 +36,106 @@ type State struct {
 
 // runDir is an open training run folder:
 //
-//	config.toml         the resolved configuration (every key; no secrets)
-//	metrics.jsonl       one line per GRPO step
-//	rollouts.jsonl      one line per response
-//	validation.jsonl    one line per validation
-//	sft.jsonl           one line per supervised step
-//	checkpoints/step-N  Hugging Face folder + optimizer.safetensors + trainer_state.json
-//	checkpoints/last    a symbolic link to the newest step-N
+//	config.toml          the resolved configuration (every key; no secrets)
+//	config-N.toml        the configuration from step N on, when a resume
+//	                     allowed a change (config-changes.jsonl says what)
+//	config-changes.jsonl one line per allowed change: step and keys
+//	metrics.jsonl        one line per GRPO step
+//	rollouts.jsonl       one line per response
+//	validation.jsonl     one line per validation
+//	sft.jsonl            one line per supervised step
+//	checkpoints/         step-N/, sft/ and last (see checkpoint.go)
 type runDir struct {
 	dir                     string
 	last                    string // newest complete checkpoint ("" if none)
 	metrics, rollouts, vals *os.File
 	sft                     *os.File
+	ops                     fileOps // the checkpoint writer's file operations (nil: directOps)
 }
 
-func openRun(dir string, cfg config.Config, resume bool) (*runDir, error) {
+// runPlan is what Train found in the run folder before writing anything.
+type runPlan struct {
+	dir     string
+	resume  bool
+	last    string         // the checkpoint to continue from ("" = the start)
+	state   State          // its trainer state
+	changes []ConfigChange // allowed configuration changes to record
+}
+
+// inspectRun reads the run folder and decides, writing nothing: a new run
+// needs a folder that holds no run; a resumed one continues from the
+// checkpoint checkpoints/last names (none: from the start) with a
+// configuration whose training keys match the run's (see OperationalKeys),
+// unless allowChange.
+func inspectRun(dir string, cfg config.Config, resume, allowChange bool) (runPlan, error) {
+	p := runPlan{dir: dir, resume: resume}
 	if dir == "" {
-		return nil, fmt.Errorf("trainer: no run folder")
+		return p, fmt.Errorf("trainer: no run folder")
 	}
-	r := &runDir{dir: dir}
 	ck := filepath.Join(dir, "checkpoints")
-	if resume {
-		if target, err := os.Readlink(filepath.Join(ck, "last")); err == nil {
-			r.last = filepath.Join(ck, target)
-		} else if !os.IsNotExist(err) {
-			return nil, fmt.Errorf("trainer: %w", err)
+	if !resume {
+		if exists(filepath.Join(dir, "metrics.jsonl")) || exists(ck) {
+			return p, fmt.Errorf("trainer: run folder %s already holds a run; use --resume to continue it or choose another --run-dir", dir)
 		}
-		if r.last != "" && !exists(filepath.Join(r.last, "trainer_state.json")) {
-			return nil, fmt.Errorf("trainer: %s: incomplete checkpoint (no trainer_state.json)", r.last)
+		return p, nil
+	}
+	if !exists(dir) {
+		return p, nil // nothing to continue: a resume starts the run
+	}
+	var err error
+	if p.last, err = lastCheckpoint(ck); err != nil {
+		return p, err
+	}
+	if p.last != "" {
+		if err := readJSON(filepath.Join(p.last, "trainer_state.json"), &p.state); err != nil {
+			return p, err
 		}
-	} else if exists(filepath.Join(dir, "metrics.jsonl")) || exists(ck) {
-		return nil, fmt.Errorf("trainer: run folder %s already holds a run; use --resume to continue it or choose another --run-dir", dir)
+	}
+	from, err := runConfig(dir, p.state.Step+1)
+	if err != nil || from == "" {
+		return p, err
+	}
+	if p.changes, err = configChanges(from, cfg); err != nil {
+		return p, err
+	}
+	if len(p.changes) > 0 && !allowChange {
+		return p, &ConfigMismatchError{File: from, Step: p.state.Step + 1, Changes: p.changes}
+	}
+	return p, nil
+}
+
+// openRun creates or continues the run folder of a plan: it records the
+// configuration, removes what a resume does not continue and opens the logs,
+// truncated to the checkpoint a resume continues from.
+func openRun(p runPlan, cfg config.Config) (*runDir, error) {
+	r := &runDir{dir: p.dir, last: p.last}
+	ck := filepath.Join(p.dir, "checkpoints")
+	if err := os.MkdirAll(p.dir, 0o755); err != nil {
+		return nil, fmt.Errorf("trainer: %w", err)
+	}
+	if err := recordConfig(p, cfg); err != nil {
+		return nil, err
 	}
 	if err := os.MkdirAll(ck, 0o755); err != nil {
 		return nil, fmt.Errorf("trainer: %w", err)
 	}
-	// Leftovers of a checkpoint write that was killed midway.
-	if leftovers, _ := filepath.Glob(filepath.Join(ck, "*.partial")); len(leftovers) > 0 {
-		for _, l := range leftovers {
-			os.RemoveAll(l)
-		}
-	}
-	if err := cfg.Write(filepath.Join(dir, "config.toml")); err != nil {
-		return nil, err
-	}
 	step := -1 // keep nothing logged after the checkpoint we resume from
-	if r.last != "" {
-		var st State
-		if err := readJSON(filepath.Join(r.last, "trainer_state.json"), &st); err != nil {
+	if p.last != "" {
+		step = p.state.Step
+	}
+	if p.resume {
+		if err := tidyCheckpoints(ck, step, p.last != "" && p.state.SFTDone); err != nil {
 			return nil, err
 		}
-		step = st.Step
 	}
 	var err error
 	for _, f := range []struct {
 		name string
 		dst  **os.File
 	}{{"metrics.jsonl", &r.metrics}, {"rollouts.jsonl", &r.rollouts}, {"validation.jsonl", &r.vals}, {"sft.jsonl", &r.sft}} {
-		path := filepath.Join(dir, f.name)
-		if resume {
-			if err = truncateLog(path, step, r.last != ""); err != nil {
+		path := filepath.Join(p.dir, f.name)
+		if p.resume {
+			if err = truncateLog(path, step, p.last != ""); err != nil {
 				r.Close()
 				return nil, err
 			}
@@ -105,6 +146,93 @@ func openRun(dir string, cfg config.Config, resume bool) (*runDir, error) {
 		}
 	}
 	return r, nil
+}
+
+// recordConfig writes config.toml for a new run (or a resumed folder that
+// has none) and, for a resume that allowed changes, appends the change to
+// config-changes.jsonl and writes config-<step>.toml; the run's config.toml
+// is never replaced by a resume.
+func recordConfig(p runPlan, cfg config.Config) error {
+	first := filepath.Join(p.dir, "config.toml")
+	if !p.resume {
+		// A folder without a run may hold the records of an abandoned one.
+		olds, _ := filepath.Glob(filepath.Join(p.dir, "config-*.toml"))
+		for _, f := range append(olds, filepath.Join(p.dir, "config-changes.jsonl")) {
+			if err := os.Remove(f); err != nil && !os.IsNotExist(err) {
+				return fmt.Errorf("trainer: %w", err)
+			}
+		}
+	}
+	if !p.resume || !exists(first) {
+		return writeConfig(first, cfg)
+	}
+	next := p.state.Step + 1
+	// Configurations of steps past the checkpoint were never used by a
+	// step that survives the resume.
+	entries, err := os.ReadDir(p.dir)
+	if err != nil {
+		return fmt.Errorf("trainer: %w", err)
+	}
+	for _, e := range entries {
+		if m := stepConfig.FindStringSubmatch(e.Name()); m != nil {
+			if k, err := strconv.Atoi(m[1]); err == nil && k > next {
+				if err := os.Remove(filepath.Join(p.dir, e.Name())); err != nil {
+					return fmt.Errorf("trainer: %w", err)
+				}
+			}
+		}
+	}
+	if len(p.changes) == 0 {
+		return nil
+	}
+	// The event first: a stop before the file below repeats the event on
+	// the next resume rather than losing it.
+	ev := configChangeEvent{Step: next, Changes: p.changes}
+	if p.last != "" {
+		ev.From = filepath.Base(p.last)
+	}
+	line, err := json.Marshal(ev)
+	if err != nil {
+		return fmt.Errorf("trainer: %w", err)
+	}
+	f, err := os.OpenFile(filepath.Join(p.dir, "config-changes.jsonl"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return fmt.Errorf("trainer: %w", err)
+	}
+	_, err = f.Write(append(line, '\n'))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("trainer: config-changes.jsonl: %w", err)
+	}
+	return writeConfig(filepath.Join(p.dir, fmt.Sprintf("config-%d.toml", next)), cfg)
+}
+
+// writeConfig writes cfg to path atomically.
+func writeConfig(path string, cfg config.Config) error {
+	tmp := path + ".tmp"
+	if err := cfg.Write(tmp); err != nil {
+		return err
+	}
+	f, err := os.Open(tmp)
+	if err == nil {
+		err = f.Sync()
+		f.Close()
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err == nil {
+		err = syncDir(filepath.Dir(path))
+	}
+	if err != nil {
+		return fmt.Errorf("trainer: %w", err)
+	}
+	return nil
 }
 
 func (r *runDir) Close() error {
@@ -168,55 +296,6 @@ func readJSON(path string, v any) error {
 	}
 	if err := json.Unmarshal(b, v); err != nil {
 		return fmt.Errorf("trainer: %s: %w", path, err)
-	}
-	return nil
-}
-
-// checkpoint writes checkpoints/<name> (step-N when name is ""): the policy
-// in Hugging Face format, the optimizer state and the trainer state. It is
-// written under a .partial name and renamed when complete, then
-// checkpoints/last is pointed at it (a symlink replaced atomically).
-func (r *runDir) checkpoint(eng *Engine, st *State, sampler *data.Sampler, name string) error {
-	if name == "" {
-		name = fmt.Sprintf("step-%d", st.Step)
-	}
-	ck := filepath.Join(r.dir, "checkpoints")
-	final := filepath.Join(ck, name)
-	partial := final + ".partial"
-	os.RemoveAll(partial)
-	if err := eng.Policy.Save(partial); err != nil {
-		return err
-	}
-	if err := eng.Policy.SaveOptimizer(filepath.Join(partial, "optimizer.safetensors")); err != nil {
-		return err
-	}
-	st.Sampler = sampler.State()
-	b, err := json.MarshalIndent(st, "", "  ")
-	if err != nil {
-		return fmt.Errorf("trainer: %w", err)
-	}
-	err = hfmodel.WriteAtomic(filepath.Join(partial, "trainer_state.json"), func(w io.Writer) error {
-		_, err := w.Write(b)
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	os.RemoveAll(final)
-	if err := os.Rename(partial, final); err != nil {
-		return fmt.Errorf("trainer: %w", err)
-	}
-	tmp := filepath.Join(ck, ".last.tmp")
-	os.Remove(tmp)
-	if err := os.Symlink(name, tmp); err != nil {
-		return fmt.Errorf("trainer: %w", err)
-	}
-	if err := os.Rename(tmp, filepath.Join(ck, "last")); err != nil {
-		return fmt.Errorf("trainer: %w", err)
-	}
-	r.last = final
-	for _, f := range []*os.File{r.metrics, r.rollouts, r.vals, r.sft} {
-		f.Sync()
 	}
 	return nil
 }

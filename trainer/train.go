@@ -30,8 +30,15 @@ var ErrNonFiniteGradients = errors.New("trainer: non-finite gradients")
 // Options say where a run lives.
 type Options struct {
 	RunDir string
+	// Resume continues the run in RunDir from checkpoints/last (or starts it
+	// when it has none), with a configuration whose training keys match the
+	// run's: the keys outside OperationalKeys.
 	Resume bool
-	Log    *slog.Logger
+	// AllowConfigChange lets a resume change training keys: the change takes
+	// effect at the step after the checkpoint and is recorded in
+	// config-changes.jsonl and config-<step>.toml; config.toml is kept.
+	AllowConfigChange bool
+	Log               *slog.Logger
 	// StopAfter, when > 0, ends the run after this many GRPO steps of this
 	// invocation, as an interruption would (used by tests of --resume).
 	StopAfter int
@@ -46,16 +53,17 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 		log = slog.Default()
 	}
 	tc := cfg.Train
-	// The pool reads its API keys from the environment: a missing one stops
-	// the job here, before any folder is written or policy loaded.
-	if err := CheckPool(cfg); err != nil {
-		return err
-	}
-	run, err := openRun(opt.RunDir, cfg, opt.Resume)
+	// Everything is checked and loaded before the run folder is written, so
+	// that a job failing at start leaves nothing a second attempt trips on.
+	plan, err := inspectRun(opt.RunDir, cfg, opt.Resume, opt.AllowConfigChange)
 	if err != nil {
 		return err
 	}
-	defer run.Close()
+	// The pool reads its API keys from the environment: a missing one stops
+	// the job here.
+	if err := CheckPool(cfg); err != nil {
+		return err
+	}
 
 	// Data: training questions shuffled by a resumable sampler, validation
 	// questions held out of the training files.
@@ -72,8 +80,8 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 	// the last checkpoint of the run with its optimizer and trainer state.
 	st := State{Balance: router.NewBalance(tc.EMADecay, nil)}
 	start := cfg.Policy.Checkpoint
-	if opt.Resume && run.last != "" {
-		start = run.last
+	if plan.last != "" {
+		start = plan.last
 	}
 	eng, err := OpenEngine(start, torchbridge.Options{Device: cfg.Policy.Device, DType: cfg.Policy.DType})
 	if err != nil {
@@ -85,16 +93,29 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 		return err
 	}
 	defer env.Close()
-	if opt.Resume && run.last != "" {
-		if err := loadState(run.last, eng.Policy, &st, sampler); err != nil {
+	if plan.last != "" {
+		if err := loadState(plan.last, eng.Policy, &st, sampler); err != nil {
 			return err
 		}
-		log.Info("resumed", "checkpoint", run.last, "step", st.Step, "sft_done", st.SFTDone)
+		st.Balance.Decay = tc.EMADecay // an allowed change of train.ema_decay applies from here
+		log.Info("resumed", "checkpoint", plan.last, "step", st.Step, "sft_done", st.SFTDone)
 	} else {
 		for _, m := range env.Pool.Models() {
 			st.Balance.Counts[strings.ToLower(m.Name)] = 0
 		}
 	}
+	if len(plan.changes) > 0 {
+		keys := make([]string, len(plan.changes))
+		for i, c := range plan.changes {
+			keys[i] = c.Key
+		}
+		log.Warn("resuming with a changed configuration", "from_step", st.Step+1, "keys", strings.Join(keys, ","))
+	}
+	run, err := openRun(plan, cfg)
+	if err != nil {
+		return err
+	}
+	defer run.Close()
 
 	// Stage 1: supervised warm-up on format demonstrations.
 	if cfg.SFT.Steps > 0 && !st.SFTDone {
@@ -163,7 +184,10 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 		samples, rstats, err := env.Roll(ctx, qs, tc.GroupSize, sampling, stepSeed(tc.Seed, step), true)
 		if err != nil {
 			if ctx.Err() != nil {
-				sampler.Restore(samplerBefore) // the interrupted step is redone on --resume
+				// The interrupted step is redone on --resume.
+				if err := sampler.Restore(samplerBefore); err != nil {
+					return err
+				}
 				continue
 			}
 			return err
@@ -190,7 +214,10 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 		// 5. Sequences for the loss: prompt + response, policy tokens masked in.
 		seqs := make([]torchbridge.Sequence, len(samples))
 		for i, s := range samples {
-			prompt, _ := env.PromptTokens(qs[i/tc.GroupSize])
+			prompt, err := env.PromptTokens(qs[i/tc.GroupSize])
+			if err != nil {
+				return err
+			}
 			seqs[i] = sequence(prompt, s, float32(cal.Advantages[i]))
 		}
 		// From here on the step runs to its end even when interrupted, so a
@@ -270,7 +297,9 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 				return err
 			}
 			if err == nil {
-				run.logValidation(v)
+				if err := run.logValidation(v); err != nil {
+					return err
+				}
 				log.Info("validation", "step", step, "em", fmt.Sprintf("%.3f", v.Avg.EM), "f1", fmt.Sprintf("%.3f", v.Avg.F1))
 			}
 		}

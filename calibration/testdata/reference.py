@@ -25,7 +25,9 @@ Usage:
   reference.py generate OUT     writes the golden cases (fixed seeds) to OUT
   reference.py check RUN_DIR    recomputes every advantage in
                                 RUN_DIR/rollouts.jsonl from its rewards_raw and
-                                the [calibration] table of RUN_DIR/config.toml;
+                                the [calibration] table of RUN_DIR/config.toml
+                                (from step K on, of config-K.toml: written when
+                                a resume changed the configuration);
                                 exit 0 if max |diff| <= 1e-4, 1 if larger (or a
                                 record is inconsistent), 2 on unreadable input
 
@@ -259,11 +261,25 @@ def generate(path):
 
 # ---------------------------------------------------------------- check
 
-def check(run_dir):
+def step_configs(run_dir):
+    """[(K, cfg)] sorted by K: config.toml as K = 0, config-K.toml from step K on."""
+    import os
+    import re
     import tomllib
+    out = []
+    for name in os.listdir(run_dir):
+        m = re.fullmatch(r"config-(\d+)\.toml", name)
+        if name == "config.toml" or m:
+            with open(os.path.join(run_dir, name), "rb") as f:
+                out.append((int(m.group(1)) if m else 0, resolve_config(tomllib.load(f).get("calibration", {}))))
+    if not any(k == 0 for k, _ in out):
+        raise InputError("%s: no config.toml" % run_dir)
+    return sorted(out, key=lambda kc: kc[0])
+
+
+def check(run_dir):
     try:
-        with open(run_dir + "/config.toml", "rb") as f:
-            cfg = resolve_config(tomllib.load(f).get("calibration", {}))
+        configs = step_configs(run_dir)
         steps = {}
         with open(run_dir + "/rollouts.jsonl") as f:
             for lineno, line in enumerate(f, 1):
@@ -285,6 +301,7 @@ def check(run_dir):
     worst, worst_where, failed = 0.0, None, False
     for step in sorted(steps):
         batch = steps[step]
+        cfg = [c for k, c in configs if k <= step][-1]
         try:
             adv, _ = calibrate(cfg, batch)
         except InputError as e:

@@ -71,6 +71,7 @@ func TestCLI(t *testing.T) {
 		{"bad top-p", []string{"generate", "--checkpoint", ck, "--prompt", "x", "--top-p", "0"}, 2, "", "--top-p", true},
 		{"unknown config key", []string{"train", "--config", "../../recal.toml", "--set", "train.nope=1"}, 2, "", `unknown key "train.nope"`, true},
 		{"contradictory config", []string{"train", "--config", "../../recal.toml", "--set", "calibration.tau_min=2"}, 2, "", "tau_min", true},
+		{"allow-config-change without resume", []string{"train", "--config", "../../recal.toml", "--allow-config-change"}, 2, "", "--allow-config-change needs --resume", true},
 		{"unknown split", []string{"eval", "--config", "../../recal.toml", "--checkpoint", ck, "--split", "weird"}, 2, "", "weird", true},
 		{"unknown router", []string{"eval", "--config", "../../recal.toml", "--checkpoint", ck, "--routers", "oracle"}, 2, "", "oracle", true},
 		{"eval on a folder that is not a policy", []string{"eval", "--config", "../../recal.toml", "--checkpoint", t.TempDir(), "--routers", "random", "--split", "id"}, 1, "", "is not a policy", true},

@@ -40,11 +40,18 @@ func trainCommand() *cli.Command {
 		Description: "Runs the optional supervised warm-up ([sft]), then GRPO ([train]) against the pool\n" +
 			"([pool]) on the training questions ([data]), writing config.toml, metrics.jsonl,\n" +
 			"rollouts.jsonl, validation.jsonl and checkpoints/ into the run folder.\n" +
-			"SIGINT/SIGTERM save a checkpoint and exit with status 130; --resume continues.",
+			"SIGINT/SIGTERM save a checkpoint and exit with status 130 (a second one exits at once;\n" +
+			"checkpoints/last stays loadable whenever recal stops); --resume continues.",
 		Flags: append(configFlags(),
 			&cli.StringFlag{Name: "run-dir", Usage: "run folder (default runs/<config name>)"},
 			&cli.BoolFlag{Name: "dry-run", Usage: "check the config, checkpoint, data, pool and API keys, print a summary with a memory estimate and exit (0, or 2 listing every problem); loads and writes nothing"},
-			&cli.BoolFlag{Name: "resume", Usage: "continue the run in --run-dir from its last checkpoint"},
+			&cli.BoolFlag{Name: "resume", Usage: "continue the run in --run-dir from checkpoints/last (or start it if it has none). " +
+				"Refused when a key that changes what training computes differs from the run's: every key but policy.device/threads, " +
+				"train.steps/log_every/checkpoint_every/validate_every/max_skipped_updates/micro_batch/head_chunk, [eval], [serve], data.test/test_per_dataset, " +
+				"pool.cache/cache_dir/max_concurrency and the pool models' api_key_env, timeouts, concurrency, rate limits, retries and sim latency; " +
+				"the error names each key with both values"},
+			&cli.BoolFlag{Name: "allow-config-change", Usage: "with --resume: accept changed training keys; they take effect at the step after " +
+				"the checkpoint, config.toml is kept, config-<step>.toml holds the new configuration and config-changes.jsonl records the change"},
 		),
 		Action: func(ctx context.Context, cmd *cli.Command) error {
 			torchbridge.UseTrainingMalloc()
@@ -64,9 +71,16 @@ func trainCommand() *cli.Command {
 				return err
 			}
 			start := time.Now()
-			err = trainer.Train(ctx, cfg, trainer.Options{RunDir: runDir, Resume: cmd.Bool("resume"), Log: slog.Default()})
+			if cmd.Bool("allow-config-change") && !cmd.Bool("resume") {
+				return usageError{fmt.Errorf("train: --allow-config-change needs --resume")}
+			}
+			err = trainer.Train(ctx, cfg, trainer.Options{RunDir: runDir, Resume: cmd.Bool("resume"),
+				AllowConfigChange: cmd.Bool("allow-config-change"), Log: slog.Default()})
 			if errors.Is(err, trainer.ErrInterrupted) {
 				return exitError{code: 130, err: err}
+			}
+			if _, ok := errors.AsType[*trainer.ConfigMismatchError](err); ok {
+				return usageError{err}
 			}
 			if err != nil {
 				return err
