@@ -3,16 +3,19 @@
 //
 // Exit status: 0 on success, 1 on any error (the message goes to stderr),
 // 2 on a usage or configuration error, 130 when training was interrupted
-// (after saving a checkpoint). recal never prompts.
+// (after saving a checkpoint) or on a second SIGINT/SIGTERM, which exits at
+// once. recal never prompts.
 package main
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 
 	"github.com/urfave/cli/v3"
@@ -22,9 +25,44 @@ import (
 
 func main() {
 	torchbridge.UsePassiveOpenMP()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := interruptContext(context.Background(), os.Stderr, os.Exit)
 	defer stop()
 	os.Exit(run(ctx, os.Args))
+}
+
+// interruptContext returns a context cancelled by the first SIGINT or
+// SIGTERM, on which commands stop cleanly (train finishes its step and saves
+// a checkpoint). A second signal calls exit(130) at once: checkpoints are
+// written so that a stop at any instant leaves checkpoints/last loadable.
+// stop ends the handling.
+func interruptContext(parent context.Context, stderr io.Writer, exit func(int)) (ctx context.Context, stop func()) {
+	ctx, cancel := context.WithCancel(parent)
+	sig := make(chan os.Signal, 2)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case s := <-sig:
+			fmt.Fprintf(stderr, "recal: %v: stopping cleanly; send it again to exit at once\n", s)
+			cancel()
+		case <-done:
+			return
+		}
+		select {
+		case s := <-sig:
+			fmt.Fprintf(stderr, "recal: %v again: exiting at once\n", s)
+			exit(130)
+		case <-done:
+		}
+	}()
+	var once sync.Once
+	return ctx, func() {
+		once.Do(func() {
+			signal.Stop(sig)
+			close(done)
+			cancel()
+		})
+	}
 }
 
 // usageError marks errors in how recal was called.
