@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/recal-project/recal/config"
@@ -196,9 +197,9 @@ func TestSecretsStayOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	const secret = "sk-recal-test-7f3a9c1e5b"
-	calls := 0
+	var calls atomic.Int64 // the handler runs on concurrent requests
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		calls++
+		calls.Add(1)
 		if r.Header.Get("Authorization") != "Bearer "+secret {
 			http.Error(w, `{"error":{"message":"bad key"}}`, 401)
 			return
@@ -247,7 +248,7 @@ provider = "openai"
 	if err := trainer.Train(context.Background(), cfg, trainer.Options{RunDir: run}); err != nil {
 		t.Fatal(err)
 	}
-	if calls == 0 {
+	if calls.Load() == 0 {
 		t.Fatal("no request reached the endpoint; the test would prove nothing")
 	}
 	for _, dir := range []string{run, cache} {
