@@ -3,6 +3,7 @@ package router
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -78,11 +79,18 @@ type Call struct {
 	Reply      string        `json:"reply"`       // the text inside the <information> block: the reply or failure text, sanitised and cut (see InfoBlock)
 	ReplyBytes int           `json:"reply_bytes"` // length in bytes of the reply or failure text before the cut
 	Failed     bool          `json:"failed"`
-	Unknown    bool          `json:"unknown,omitempty"` // the name matched no pool model: no call was made
+	Unknown    bool          `json:"unknown,omitempty"` // the name matched no pool model (or none the response may call): no call was made
+	Refused    bool          `json:"refused,omitempty"` // the response's cost budget was spent (RowOptions.MaxCostUSD): no call was made
 	Cached     bool          `json:"cached,omitempty"`
 	Cost       float64       `json:"cost"`
 	Latency    time.Duration `json:"latency_ns"`
 	Turn       int           `json:"turn"`
+	// PromptTokens and CompletionTokens are the pool call's tokens as the
+	// provider reported them or, when TokensEstimated, as estimated
+	// (llmpool.Response); 0 when no call was made or it failed.
+	PromptTokens     int  `json:"prompt_tokens,omitempty"`
+	CompletionTokens int  `json:"completion_tokens,omitempty"`
+	TokensEstimated  bool `json:"tokens_estimated,omitempty"`
 }
 
 // UnknownModelText is the observation for a <search> naming no pool model.
@@ -113,7 +121,7 @@ type Sample struct {
 func (s *Sample) CalledModels() []string {
 	var out []string
 	for _, c := range s.Calls {
-		if !c.Unknown {
+		if !c.Unknown && !c.Refused {
 			out = append(out, c.Model)
 		}
 	}
@@ -142,182 +150,52 @@ func (s Stats) CriticalPath() time.Duration { return s.Decode + s.SlowestSum }
 // which the policy writes <information> itself ends the response there
 // (End "information"): it never sees a block it wrote, and the response is
 // never well formed.
+//
+// It runs an Engine on the caller's goroutine with every job admitted at
+// once (job i on row i) and one seed for the whole rollout: the decoder
+// draws per row and position, so samples do not depend on how rows were
+// batched.
 func Rollout(ctx context.Context, dec generate.Decoder, tok Tokenizer, pool Pool, cfg Config, jobs []Job,
 	s generate.Sampling, eos []int32, seed uint64) ([]Sample, Stats, error) {
 	start := time.Now()
-	var st Stats
-	type reply struct {
-		row   int
-		call  Call
-		block []int32 // the <information> block to append
-	}
-	type row struct {
-		feed      []int32 // tokens for the next Extend (prompt, info block, or the last sampled token)
-		turnText  []byte
-		turnToks  int
-		waiting   bool
-		done      bool
-		callsMade int // <search> turns acted on (known or not)
-	}
-	rows := make([]row, len(jobs))
-	out := make([]Sample, len(jobs))
 	for i, j := range jobs {
 		if len(j.Prompt) == 0 {
-			return nil, st, fmt.Errorf("router: job %d: empty prompt", i)
-		}
-		rows[i].feed = j.Prompt
-	}
-	replies := make(chan reply, len(jobs))
-	pending := 0
-	// Per turn index, the slowest call so far (for the critical path).
-	slowest := map[int]time.Duration{}
-	cctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stops := []string{SearchClose, AnswerClose, InfoOpen}
-
-	extend := func(idx []int) error {
-		if len(idx) == 0 {
-			return nil
-		}
-		toks := make([][]int32, len(idx))
-		for k, i := range idx {
-			toks[k] = rows[i].feed
-		}
-		t0 := time.Now()
-		// One seed for the whole rollout: the decoder draws per row and
-		// position, so samples do not depend on how rows were batched.
-		next, logp, err := dec.Extend(ctx, idx, toks, s, seed)
-		st.Decode += time.Since(t0)
-		if err != nil {
-			return err
-		}
-		for k, i := range idx {
-			r, o := &rows[i], &out[i]
-			r.feed = nil
-			t := next[k]
-			o.Tokens = append(o.Tokens, t)
-			o.Mask = append(o.Mask, 1)
-			o.Logp = append(o.Logp, logp[k])
-			r.turnToks++
-			if isIn(t, eos) {
-				r.done, o.End = true, "eos"
-				o.Turns++
-				continue
-			}
-			before := len(r.turnText)
-			r.turnText = append(r.turnText, tok.TokenBytes(int(t))...)
-			_, stopped := stopIn(r.turnText, before, stops)
-			if !stopped && r.turnToks < cfg.TurnTokens {
-				r.feed = []int32{t}
-				continue
-			}
-			// The turn is over: act on its first complete action.
-			o.Turns++
-			text := string(r.turnText)
-			a := ParseAction(text)
-			r.turnText, r.turnToks = nil, 0
-			switch {
-			case strings.Contains(text, InfoOpen):
-				r.done, o.End = true, "information"
-			case a.Kind == Answer:
-				r.done, o.End = true, "answer"
-			case a.Kind == Search && r.callsMade >= cfg.MaxTurns:
-				r.done, o.End = true, "final"
-			case a.Kind == Search:
-				turn := r.callsMade
-				r.callsMade++
-				r.waiting = true
-				pending++
-				q := jobs[i].Question
-				go func(i int) {
-					// The reply is cut and encoded here, off the decode
-					// loop, so a long one delays only its own row.
-					c := callPool(cctx, pool, a, &q, turn)
-					block, body := InfoBlock(tok, c.Reply, cfg.InfoTokens)
-					c.Reply, c.ReplyBytes = body, len(c.Reply)
-					replies <- reply{i, c, block}
-				}(i)
-			default:
-				r.done, o.End = true, "length"
-			}
-		}
-		return nil
-	}
-
-	for {
-		// Fold in pool replies that have arrived, without waiting.
-		for drained := false; !drained; {
-			select {
-			case rp := <-replies:
-				pending--
-				r, o := &rows[rp.row], &out[rp.row]
-				r.waiting = false
-				o.Calls = append(o.Calls, rp.call)
-				if !rp.call.Unknown {
-					st.Calls++
-					slowest[rp.call.Turn] = max(slowest[rp.call.Turn], rp.call.Latency)
-				}
-				o.Tokens = append(o.Tokens, rp.block...)
-				o.Mask = append(o.Mask, make([]float32, len(rp.block))...)
-				o.Logp = append(o.Logp, make([]float32, len(rp.block))...)
-				r.feed = rp.block
-			default:
-				drained = true
-			}
-		}
-		// Rows just given an <information> block go in their own call, so a
-		// long block does not pad every single-token row of the step.
-		var multi, single []int
-		for i := range rows {
-			switch {
-			case rows[i].done || rows[i].waiting || rows[i].feed == nil:
-			case len(rows[i].feed) > 1:
-				multi = append(multi, i)
-			default:
-				single = append(single, i)
-			}
-		}
-		if len(multi)+len(single) == 0 {
-			if pending == 0 {
-				break
-			}
-			// Everyone left is waiting on the pool.
-			select {
-			case rp := <-replies:
-				replies <- rp // handled at the top of the loop
-			case <-ctx.Done():
-				return nil, st, ctx.Err()
-			}
-			continue
-		}
-		if err := extend(multi); err != nil {
-			return nil, st, err
-		}
-		if err := extend(single); err != nil {
-			return nil, st, err
+			return nil, Stats{}, fmt.Errorf("router: job %d: empty prompt", i)
 		}
 	}
-	for i := range out {
-		out[i].Text = tok.Decode(toInts(out[i].Tokens))
+	if len(jobs) == 0 {
+		return []Sample{}, Stats{}, nil
 	}
-	for _, d := range slowest {
-		st.SlowestSum += d
+	e, err := NewEngine(freshRows{dec}, tok, pool, cfg, EngineOptions{Rows: len(jobs), EOS: eos, Seed: seed})
+	if err != nil {
+		return nil, Stats{}, err
 	}
+	ps := make([]*Pending, len(jobs))
+	for i, j := range jobs {
+		if ps[i], err = e.Submit(ctx, j, RowOptions{Sampling: s}); err != nil {
+			return nil, Stats{}, fmt.Errorf("router: job %d: %w", i, err)
+		}
+	}
+	err = e.drain(ctx)
+	st := e.Stats()
 	st.Wall = time.Since(start)
+	if err != nil {
+		return nil, st, err
+	}
+	out := make([]Sample, len(jobs))
+	for i, p := range ps {
+		if out[i], err = p.Result(); err != nil {
+			return nil, st, err
+		}
+	}
 	return out, st, nil
 }
 
-// callPool makes one call for a <search> action; an unknown model name gets
-// a failure observation and no call.
-func callPool(ctx context.Context, pool Pool, a Action, q *llmpool.Question, turn int) Call {
-	info, ok := pool.Lookup(a.Model)
-	if !ok {
-		return Call{Model: a.Model, Query: a.Query, Turn: turn, Failed: true, Unknown: true,
-			Reply: fmt.Sprintf(UnknownModelText, truncate(a.Model, 64), "see the model list in the prompt")}
-	}
-	resp := pool.Call(ctx, llmpool.Request{Model: info.Name, Query: a.Query, Question: q})
-	return Call{Model: info.Name, Query: a.Query, Reply: resp.Text, Failed: resp.Failed, Cached: resp.Cached,
-		Cost: resp.Cost, Latency: resp.Latency, Turn: turn}
+// freshRows is Rollout's Decoder: its rows are never reused.
+type freshRows struct{ generate.Decoder }
+
+func (freshRows) Reset(context.Context, ...int) error {
+	return errors.New("router: rollout: rows are never reused")
 }
 
 // ReplyBytesPerToken bounds how much of a pool reply is read: InfoBlock cuts

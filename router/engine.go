@@ -1,0 +1,607 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/recal-project/recal/generate"
+	"github.com/recal-project/recal/llmpool"
+)
+
+// Decoder is what the engine needs of the policy: a generate.Decoder whose
+// cache rows can be emptied for the next response (torchbridge.Cache).
+type Decoder interface {
+	generate.Decoder
+	// Reset empties the given rows.
+	Reset(ctx context.Context, rows ...int) error
+}
+
+// Errors of the engine.
+var (
+	// ErrStopped is the error of a response the engine could not finish
+	// because its Run ended (its context was done), and of any response
+	// submitted after that.
+	ErrStopped = errors.New("router: engine stopped")
+	// ErrInvalidRow is wrapped by Submit's errors about the job or its
+	// RowOptions.
+	ErrInvalidRow = errors.New("router: invalid response")
+)
+
+// EngineOptions configure an Engine.
+type EngineOptions struct {
+	// Rows is the number of cache rows: the most responses decoding
+	// together. Responses submitted beyond it wait for a free row.
+	Rows int
+	// EOS are the end-of-sequence tokens.
+	EOS []int32
+	// Seed seeds sampling. The decoder's draw for a row depends on (seed,
+	// cache row, the row's length) only.
+	Seed uint64
+	// StepSeeds advances the seed by one per decode step. Off (training
+	// rollouts), a response's tokens do not depend on how rows were batched
+	// or when replies arrived. On (a server), a cache row reused for a later
+	// request does not replay the draws of the one before.
+	StepSeeds bool
+}
+
+// RowOptions are one response's limits within the configured protocol. The
+// zero value is the configured protocol with greedy decoding.
+type RowOptions struct {
+	// Models are the pool models the response may call (any spelling
+	// Pool.Lookup accepts); nil or empty means every pool model. A <search>
+	// naming another model is treated exactly like an unknown model: a
+	// failure observation and no call.
+	Models []string
+	// MaxTurns is the most <search> turns acted on (≤ Config.MaxTurns);
+	// 0 means Config.MaxTurns. One final turn without routing follows them.
+	MaxTurns int
+	// MaxCostUSD is the response's pool budget in USD; 0 means none. Once
+	// the cost of its calls so far reaches it, a further <search> makes no
+	// call: it is recorded as a Call with Refused and Failed set and answered
+	// with the observation BudgetText, and still counts as a turn, so the
+	// policy can answer. One call can overshoot the budget: its cost is
+	// known only when it returns.
+	MaxCostUSD float64
+	// MaxTokens caps the tokens the policy writes (Mask 1); 0 means none.
+	// The token that reaches the cap ends the response: End "answer" when it
+	// completes an <answer>, "eos" when it is an EOS token, else "length".
+	MaxTokens int
+	// Sampling is the response's sampling. Rows with different sampling
+	// decode in separate Decoder.Extend calls of the same step.
+	Sampling generate.Sampling
+	// OnCall, when not nil, is called with every Call of the response, in
+	// order, as soon as it is known (on the goroutine that waited for the
+	// pool; it must not block), and never after the response's context is
+	// done. Every call happens before the response is returned.
+	OnCall func(Call)
+}
+
+// BudgetText is the observation for a <search> made after the response's
+// cost budget is spent.
+const BudgetText = "[router: the cost budget is spent; no model was called: answer now]"
+
+// Engine runs the routing protocol with continuous batching: responses are
+// admitted into free cache rows between decode steps, decode together on
+// the goroutine that runs the engine (Run, or Rollout's caller), call the
+// pool concurrently (rows that are not waiting keep decoding), and leave
+// their row when they end or their context is done. Submit and Do are safe
+// for concurrent use; only one Run may be active at a time.
+type Engine struct {
+	dec  Decoder
+	tok  Tokenizer
+	pool Pool
+	cfg  Config
+	opt  EngineOptions
+
+	replies chan reply    // pool calls' results; one in flight per row at most
+	wake    chan struct{} // a submission arrived
+
+	mu      sync.Mutex
+	queue   []*Pending // waiting for a row, first come first served
+	active  int        // rows holding a response
+	stopped bool       // Run ended: nothing more is admitted
+	stats   Stats
+
+	// Owned by the decode loop.
+	slots   []*Pending // response per cache row; nil = free
+	dirty   []bool     // the row holds tokens of an earlier response
+	pending int        // pool calls in flight (at most one per row)
+	slowest map[int]time.Duration
+	step    uint64
+}
+
+// Pending is a submitted response.
+type Pending struct {
+	ctx  context.Context
+	job  Job
+	opt  RowOptions
+	done chan struct{}
+
+	// Set by Submit.
+	maxTurns int
+	allowed  map[string]bool // canonical names; nil = all
+
+	// Owned by the decode loop until done is closed.
+	out        Sample
+	err        error
+	row        int
+	feed       []int32 // tokens for the next Extend (prompt, info block or the last sampled token)
+	turnText   []byte
+	turnToks   int
+	policyToks int
+	waiting    bool // a pool call is in flight
+	finished   bool
+	callsMade  int // <search> turns acted on (known, unknown or refused)
+	spent      float64
+	cancelCall context.CancelFunc
+}
+
+// Done is closed when the response has ended (or failed).
+func (p *Pending) Done() <-chan struct{} { return p.done }
+
+// Result is the finished response, valid once Done is closed.
+func (p *Pending) Result() (Sample, error) {
+	<-p.done
+	return p.out, p.err
+}
+
+type reply struct {
+	p     *Pending
+	call  Call
+	block []int32 // the <information> block to append
+}
+
+// NewEngine makes an engine over dec's rows 0..opt.Rows-1, which must be
+// empty or are reset before use.
+func NewEngine(dec Decoder, tok Tokenizer, pool Pool, cfg Config, opt EngineOptions) (*Engine, error) {
+	if opt.Rows < 1 {
+		return nil, fmt.Errorf("router: engine: %d rows, want ≥ 1", opt.Rows)
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("router: engine: %w", err)
+	}
+	return &Engine{dec: dec, tok: tok, pool: pool, cfg: cfg, opt: opt,
+		replies: make(chan reply, opt.Rows), wake: make(chan struct{}, 1),
+		slots: make([]*Pending, opt.Rows), dirty: make([]bool, opt.Rows), slowest: map[int]time.Duration{}}, nil
+}
+
+// Submit queues a response; it starts at a decode step when a row is free.
+// Cancelling ctx ends it (and cancels its pool call) at the next step, with
+// ctx's error, without disturbing other rows.
+func (e *Engine) Submit(ctx context.Context, job Job, opt RowOptions) (*Pending, error) {
+	p := &Pending{ctx: ctx, job: job, opt: opt, done: make(chan struct{})}
+	s := opt.Sampling
+	switch {
+	case len(job.Prompt) == 0:
+		return nil, fmt.Errorf("%w: empty prompt", ErrInvalidRow)
+	case opt.MaxTurns < 0 || opt.MaxTurns > e.cfg.MaxTurns:
+		return nil, fmt.Errorf("%w: max turns %d: want 0 (configured) to %d", ErrInvalidRow, opt.MaxTurns, e.cfg.MaxTurns)
+	case !(opt.MaxCostUSD >= 0) || math.IsInf(opt.MaxCostUSD, 0):
+		return nil, fmt.Errorf("%w: max cost %v USD: want a finite number ≥ 0", ErrInvalidRow, opt.MaxCostUSD)
+	case opt.MaxTokens < 0:
+		return nil, fmt.Errorf("%w: max tokens %d: want ≥ 0", ErrInvalidRow, opt.MaxTokens)
+	case !(s.Temperature >= 0) || math.IsInf(s.Temperature, 0) || !(s.TopP >= 0 && s.TopP <= 1) || s.TopK < 0:
+		// A value the decoder rejects would fail the whole step, every row.
+		return nil, fmt.Errorf("%w: sampling %+v: want temperature ≥ 0, top_p in [0, 1], top_k ≥ 0", ErrInvalidRow, s)
+	}
+	p.maxTurns = e.cfg.MaxTurns
+	if opt.MaxTurns > 0 {
+		p.maxTurns = opt.MaxTurns
+	}
+	if len(opt.Models) > 0 {
+		p.allowed = map[string]bool{}
+		for _, m := range opt.Models {
+			info, ok := e.pool.Lookup(m)
+			if !ok {
+				return nil, fmt.Errorf("%w: model %q is not in the pool", ErrInvalidRow, m)
+			}
+			p.allowed[info.Name] = true
+		}
+	}
+	p.feed = job.Prompt
+	e.mu.Lock()
+	if e.stopped {
+		e.mu.Unlock()
+		return nil, ErrStopped
+	}
+	e.queue = append(e.queue, p)
+	e.mu.Unlock()
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+	return p, nil
+}
+
+// Do submits a response and waits for it. When ctx is done first, it
+// returns ctx's error once the response has left its row (at once if it
+// was still waiting for one).
+func (e *Engine) Do(ctx context.Context, job Job, opt RowOptions) (Sample, error) {
+	p, err := e.Submit(ctx, job, opt)
+	if err != nil {
+		return Sample{}, err
+	}
+	select {
+	case <-p.done:
+	case <-ctx.Done():
+		if e.dequeue(p) {
+			return Sample{}, ctx.Err()
+		}
+		<-p.done // the loop frees the row at its next step
+	}
+	return p.out, p.err
+}
+
+// dequeue removes p from the queue, reporting whether it was there.
+func (e *Engine) dequeue(p *Pending) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for i, q := range e.queue {
+		if q == p {
+			e.queue = append(e.queue[:i], e.queue[i+1:]...)
+			return true
+		}
+	}
+	return false
+}
+
+// Load reports the rows holding a response and the responses waiting for
+// a row.
+func (e *Engine) Load() (active, waiting int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.active, len(e.queue)
+}
+
+// Stats reports where the engine's time went so far (Wall is left to the
+// caller).
+func (e *Engine) Stats() Stats {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	st := e.stats
+	for _, d := range e.slowest {
+		st.SlowestSum += d
+	}
+	return st
+}
+
+// Run decodes until ctx is done; then responses in flight end with
+// ErrStopped (their pool calls cancelled), as do those still waiting for a
+// row, and Run returns nil. It returns the decoder's error when a decode
+// step fails; every response in flight or waiting ends with that error.
+func (e *Engine) Run(ctx context.Context) error {
+	if err := e.loop(ctx, false); ctx.Err() == nil {
+		return err
+	}
+	return nil
+}
+
+// drain decodes until no response is in flight or waiting, or ctx is done
+// (then it returns ctx's error, like a failed decode step).
+func (e *Engine) drain(ctx context.Context) error { return e.loop(ctx, true) }
+
+func (e *Engine) loop(ctx context.Context, untilIdle bool) (err error) {
+	defer func() {
+		if err != nil && !untilIdle && ctx.Err() != nil {
+			e.stop(ErrStopped)
+		} else {
+			e.stop(err)
+		}
+	}()
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		// Fold in pool replies that have arrived, without waiting.
+		for drained := false; !drained; {
+			select {
+			case rp := <-e.replies:
+				e.fold(rp)
+			default:
+				drained = true
+			}
+		}
+		// Responses whose context is done leave their rows; one waiting on
+		// the pool leaves when its (cancelled) call returns.
+		for _, p := range e.slots {
+			if p != nil && !p.waiting && p.ctx.Err() != nil {
+				e.finish(p, p.ctx.Err())
+			}
+		}
+		if err := e.admit(ctx); err != nil {
+			return err
+		}
+		// Rows just given a prompt or an <information> block go in their
+		// own call, so a long block does not pad every single-token row of
+		// the step; rows with other sampling go in calls of their own.
+		type group struct {
+			s             generate.Sampling
+			multi, single []*Pending
+		}
+		var groups []*group
+		for _, p := range e.slots {
+			if p == nil || p.finished || p.waiting || p.feed == nil {
+				continue
+			}
+			var g *group
+			for _, h := range groups {
+				if h.s == p.opt.Sampling {
+					g = h
+				}
+			}
+			if g == nil {
+				g = &group{s: p.opt.Sampling}
+				groups = append(groups, g)
+			}
+			if len(p.feed) > 1 {
+				g.multi = append(g.multi, p)
+			} else {
+				g.single = append(g.single, p)
+			}
+		}
+		if len(groups) == 0 {
+			e.mu.Lock()
+			idle := e.active == 0 && len(e.queue) == 0
+			e.mu.Unlock()
+			if idle && untilIdle {
+				return nil
+			}
+			// Everyone left is waiting on the pool, or nobody is here.
+			select {
+			case rp := <-e.replies:
+				e.fold(rp)
+			case <-e.wake:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			continue
+		}
+		seed := e.opt.Seed
+		if e.opt.StepSeeds {
+			seed += e.step
+		}
+		e.step++
+		for _, g := range groups {
+			if err := e.extend(ctx, g.multi, g.s, seed); err != nil {
+				return err
+			}
+			if err := e.extend(ctx, g.single, g.s, seed); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// admit moves waiting responses into free rows, emptying rows that held
+// earlier responses.
+func (e *Engine) admit(ctx context.Context) error {
+	var reset []int
+	e.mu.Lock()
+	row := 0
+	for len(e.queue) > 0 {
+		for row < len(e.slots) && e.slots[row] != nil {
+			row++
+		}
+		if row == len(e.slots) {
+			break
+		}
+		p := e.queue[0]
+		e.queue = e.queue[1:]
+		if err := p.ctx.Err(); err != nil {
+			p.err = err
+			close(p.done)
+			continue
+		}
+		p.row = row
+		e.slots[row] = p
+		e.active++
+		if e.dirty[row] {
+			reset = append(reset, row)
+		}
+		e.dirty[row] = true
+	}
+	e.mu.Unlock()
+	if len(reset) == 0 {
+		return nil
+	}
+	if err := e.dec.Reset(ctx, reset...); err != nil {
+		return fmt.Errorf("router: reset rows %v: %w", reset, err)
+	}
+	return nil
+}
+
+// extend runs one decode step for ps and advances their state machines.
+func (e *Engine) extend(ctx context.Context, ps []*Pending, s generate.Sampling, seed uint64) error {
+	if len(ps) == 0 {
+		return nil
+	}
+	rows := make([]int, len(ps))
+	toks := make([][]int32, len(ps))
+	for k, p := range ps {
+		rows[k], toks[k] = p.row, p.feed
+	}
+	t0 := time.Now()
+	next, logp, err := e.dec.Extend(ctx, rows, toks, s, seed)
+	took := time.Since(t0)
+	e.mu.Lock()
+	e.stats.Decode += took
+	e.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	stops := []string{SearchClose, AnswerClose, InfoOpen}
+	for k, p := range ps {
+		o := &p.out
+		p.feed = nil
+		t := next[k]
+		o.Tokens = append(o.Tokens, t)
+		o.Mask = append(o.Mask, 1)
+		o.Logp = append(o.Logp, logp[k])
+		p.turnToks++
+		p.policyToks++
+		capped := p.opt.MaxTokens > 0 && p.policyToks >= p.opt.MaxTokens
+		if isIn(t, e.opt.EOS) {
+			o.End = "eos"
+			o.Turns++
+			e.finish(p, nil)
+			continue
+		}
+		before := len(p.turnText)
+		p.turnText = append(p.turnText, e.tok.TokenBytes(int(t))...)
+		_, stopped := stopIn(p.turnText, before, stops)
+		if !stopped && !capped && p.turnToks < e.cfg.TurnTokens {
+			p.feed = []int32{t}
+			continue
+		}
+		// The turn is over: act on its first complete action.
+		o.Turns++
+		text := string(p.turnText)
+		a := ParseAction(text)
+		p.turnText, p.turnToks = nil, 0
+		switch {
+		case strings.Contains(text, InfoOpen):
+			o.End = "information"
+		case a.Kind == Answer:
+			o.End = "answer"
+		case capped:
+			o.End = "length"
+		case a.Kind == Search && p.callsMade >= p.maxTurns:
+			o.End = "final"
+		case a.Kind == Search:
+			e.call(p, a)
+			continue
+		default:
+			o.End = "length"
+		}
+		e.finish(p, nil)
+	}
+	return nil
+}
+
+// call starts the pool call of a <search> turn on its own goroutine.
+func (e *Engine) call(p *Pending, a Action) {
+	turn := p.callsMade
+	p.callsMade++
+	p.waiting = true
+	e.pending++
+	cctx, cancel := context.WithCancel(p.ctx)
+	p.cancelCall = cancel
+	q := p.job.Question
+	refuse := p.opt.MaxCostUSD > 0 && p.spent >= p.opt.MaxCostUSD
+	go func() {
+		var c Call
+		if refuse {
+			c = Call{Model: a.Model, Query: a.Query, Turn: turn, Failed: true, Refused: true,
+				Reply: BudgetText}
+			if info, ok := e.pool.Lookup(a.Model); ok && (p.allowed == nil || p.allowed[info.Name]) {
+				c.Model = info.Name
+			}
+		} else {
+			c = callPool(cctx, e.pool, a, &q, turn, p.allowed)
+		}
+		// The reply is cut and encoded here, off the decode loop, so a
+		// long one delays only its own row.
+		block, body := InfoBlock(e.tok, c.Reply, e.cfg.InfoTokens)
+		c.Reply, c.ReplyBytes = body, len(c.Reply)
+		if p.opt.OnCall != nil && p.ctx.Err() == nil {
+			p.opt.OnCall(c)
+		}
+		e.replies <- reply{p, c, block}
+	}()
+}
+
+// fold applies an arrived pool reply to its response.
+func (e *Engine) fold(rp reply) {
+	p, o := rp.p, &rp.p.out
+	p.waiting = false
+	p.cancelCall()
+	e.pending--
+	e.mu.Lock()
+	if c := rp.call; !c.Unknown && !c.Refused {
+		e.stats.Calls++
+		e.slowest[c.Turn] = max(e.slowest[c.Turn], c.Latency)
+	}
+	e.mu.Unlock()
+	if err := p.ctx.Err(); err != nil {
+		e.finish(p, err)
+		return
+	}
+	p.spent += rp.call.Cost
+	o.Calls = append(o.Calls, rp.call)
+	o.Tokens = append(o.Tokens, rp.block...)
+	o.Mask = append(o.Mask, make([]float32, len(rp.block))...)
+	o.Logp = append(o.Logp, make([]float32, len(rp.block))...)
+	p.feed = rp.block
+}
+
+// finish ends a response and frees its row.
+func (e *Engine) finish(p *Pending, err error) {
+	if p.finished {
+		return
+	}
+	p.finished = true
+	if err == nil {
+		p.out.Text = e.tok.Decode(toInts(p.out.Tokens))
+	} else {
+		p.out = Sample{}
+	}
+	p.err = err
+	e.mu.Lock()
+	e.slots[p.row] = nil
+	e.active--
+	e.mu.Unlock()
+	close(p.done)
+}
+
+// stop ends every response in flight or waiting with err (ErrStopped when
+// the loop ended because its context was done), after their pool calls
+// return, and refuses further submissions.
+func (e *Engine) stop(err error) {
+	if err == nil {
+		return // drained: nothing is left
+	}
+	e.mu.Lock()
+	e.stopped = true
+	queue := e.queue
+	e.queue = nil
+	e.mu.Unlock()
+	for _, p := range e.slots {
+		if p != nil && p.waiting {
+			p.cancelCall()
+		}
+	}
+	for ; e.pending > 0; e.pending-- {
+		rp := <-e.replies
+		rp.p.waiting = false
+		rp.p.cancelCall()
+	}
+	for _, p := range e.slots {
+		if p != nil {
+			e.finish(p, err)
+		}
+	}
+	for _, p := range queue {
+		p.err = err
+		close(p.done)
+	}
+}
+
+// callPool makes one call for a <search> action. A name that is no pool
+// model, or no model of allowed (when not nil), gets a failure observation
+// and no call.
+func callPool(ctx context.Context, pool Pool, a Action, q *llmpool.Question, turn int, allowed map[string]bool) Call {
+	info, ok := pool.Lookup(a.Model)
+	if !ok || (allowed != nil && !allowed[info.Name]) {
+		return Call{Model: a.Model, Query: a.Query, Turn: turn, Failed: true, Unknown: true,
+			Reply: fmt.Sprintf(UnknownModelText, truncate(a.Model, 64), "see the model list in the prompt")}
+	}
+	resp := pool.Call(ctx, llmpool.Request{Model: info.Name, Query: a.Query, Question: q})
+	return Call{Model: info.Name, Query: a.Query, Reply: resp.Text, Failed: resp.Failed, Cached: resp.Cached,
+		Cost: resp.Cost, Latency: resp.Latency, Turn: turn,
+		PromptTokens: resp.InputTokens, CompletionTokens: resp.OutputTokens, TokensEstimated: resp.TokensEstimated}
+}
