@@ -26,6 +26,22 @@ TORCH_LDFLAGS += -Wl,--no-as-needed -ltorch_cuda -lc10_cuda -Wl,--as-needed
 endif
 endif
 
+# The distributed bridge (cgo/recal_dist.cc) runs on c10d's Gloo (Debian:
+# libgloo-dev, which `make deps` installs) and, in CUDA builds, on NCCL too
+# for GPU gradients. c10d's NCCL header needs CUDA's and NCCL's headers,
+# which libtorch does not ship: CUDA_INC gives their -I flags (e.g.
+# CUDA_INC="-I$$CUDA_HOME/include"). Where they are not found, the bridge
+# builds with Gloo alone and refuses the "nccl" backend at run time.
+CUDA_INC ?=
+DIST_DEFS := -DUSE_C10D_GLOO
+ifneq ($(strip $(LIBTORCH)),)
+ifneq ($(wildcard $(LIBTORCH)/lib/libtorch_cuda.so),)
+ifeq ($(shell printf '\043include <nccl.h>\n\043include <cuda_runtime_api.h>\n' | $(CXX) $(TORCH_INC) $(CUDA_INC) -x c++ -E - >/dev/null 2>&1 && echo ok),ok)
+DIST_DEFS += -DUSE_C10D_NCCL $(CUDA_INC)
+endif
+endif
+endif
+
 CXXFLAGS_BRIDGE := -std=c++17 -O2 -fPIC -Wall -Wno-unused-variable -D_GLIBCXX_USE_CXX11_ABI=$(TORCH_CXX11_ABI) $(TORCH_INC)
 LIB := build/librecal.a
 # The offline default's starting point: a tiny random policy.
@@ -36,7 +52,7 @@ INIT := runs/init/tiny/model.safetensors
 GOENV = CGO_CFLAGS="-O2 -DRECAL_LIB=$$(sha1sum $(LIB) | cut -c1-16)" CGO_LDFLAGS="$(TORCH_LDFLAGS)"
 
 # Pure-Go packages: they build and test without cgo or libtorch.
-PURE_PKGS := $(foreach d,internal/hfmodel config generate tokenizer data llmpool router calibration plot,$(if $(wildcard $(d)),./$(d)/...))
+PURE_PKGS := $(foreach d,internal/hfmodel config generate tokenizer data llmpool router calibration plot dist,$(if $(wildcard $(d)),./$(d)/...))
 
 .PHONY: all build deps test test-pure bench train clean fixtures
 
@@ -46,10 +62,17 @@ all: build
 deps:
 	@./scripts/deps.sh
 
-$(LIB): cgo/recal.cc cgo/recal.h cgo/recal_internal.h
+$(LIB): build/recal.o build/recal_dist.o
+	rm -f $@
+	ar rcs $@ $^
+
+build/recal.o: cgo/recal.cc cgo/recal.h cgo/recal_internal.h
 	@mkdir -p build
-	$(CXX) $(CXXFLAGS_BRIDGE) -c cgo/recal.cc -o build/recal.o
-	ar rcs $@ build/recal.o
+	$(CXX) $(CXXFLAGS_BRIDGE) -c $< -o $@
+
+build/recal_dist.o: cgo/recal_dist.cc cgo/recal.h cgo/recal_internal.h
+	@mkdir -p build
+	$(CXX) $(CXXFLAGS_BRIDGE) $(DIST_DEFS) -c $< -o $@
 
 build: deps $(LIB)
 	$(GOENV) $(GO) build -o bin/recal ./cmd/recal
@@ -62,6 +85,7 @@ test: deps $(LIB)
 
 bench: build $(INIT)
 	$(GOENV) $(GO) run ./bench -python $(PYTHON)
+	$(GOENV) $(GO) run ./bench/dist -python $(PYTHON)
 
 # Its tokenizer is Qwen2.5's trimmed to the 4,000 tokens most frequent in the
 # vendored data and the protocol (instead of 151.9k ids), so the output head,

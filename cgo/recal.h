@@ -190,6 +190,59 @@ int rc_cache_extend(rc_cache* c, int64_t n, const int64_t* rows, int64_t width, 
 /* Current length of each of the n rows (or all rows when rows == NULL). */
 int rc_cache_lengths(rc_cache* c, int64_t n, const int64_t* rows, int64_t* out, char** err);
 
+/* ---- Data-parallel collectives on c10d (cgo/recal_dist.cc) ------------- */
+
+/* A member of a group of processes ("ranks") that run collectives together
+ * over c10d: Gloo on CPU, plus NCCL for CUDA gradients in CUDA builds. Every
+ * rank must call the same collectives in the same order. Each collective
+ * waits at most the group's timeout; after a failure the group is unusable
+ * and later calls return that failure. */
+typedef struct rc_dist rc_dist;
+
+/* How a process joins a group. */
+typedef struct rc_dist_opts {
+  int32_t rank;             /* this process, 0 ≤ rank < world_size */
+  int32_t world_size;       /* number of processes */
+  const char* master_addr;  /* host of the rendezvous store, which rank 0 serves */
+  int32_t master_port;      /* its TCP port */
+  double timeout_s;         /* rendezvous and every collective; ≤ 0: 300 s */
+  const char* backend;      /* "gloo" (NULL or "" too) or "nccl" (CUDA builds) */
+  int64_t bucket_bytes;     /* gradient all-reduce bucket size; ≤ 0: 25 MiB */
+} rc_dist_opts;
+
+/* Joins the group: rank 0 serves a TCPStore at master_addr:master_port, every
+ * rank connects and the process group forms. Blocks until all world_size
+ * ranks have joined or the timeout passes. */
+int rc_dist_new(const rc_dist_opts* opts, rc_dist** out, char** err);
+
+/* Leaves the group and frees it, waiting for queued work. NULL is a no-op. */
+void rc_dist_free(rc_dist* d);
+
+/* Sums the accumulated gradients of p over the ranks: they are copied into
+ * float32 buckets of opts.bucket_bytes, each all-reduced while the next is
+ * filled, and afterwards p's gradients are views of the buckets (no copy
+ * back; PyTorch DDP's gradient_as_bucket_view). Every rank passes a policy
+ * of the same parameter shapes. A missing gradient counts as zeros and is
+ * defined afterwards on every rank. The group keeps the buckets (one
+ * float32 copy of the gradient) for the next call, unless another policy's
+ * gradients still view them. */
+int rc_dist_allreduce_grads(rc_dist* d, rc_policy* p, char** err);
+
+/* All-gathers byte buffers of any length: this rank gives len bytes of data;
+ * lens (world_size entries) receives each rank's length and *out their
+ * concatenation in rank order, malloc'd (free with free(); NULL when all are
+ * empty). */
+int rc_dist_allgather(rc_dist* d, const void* data, int64_t len, void** out, int64_t* lens, char** err);
+
+/* Broadcasts the root's len bytes of data (read on the root only). Every
+ * rank, the root too, receives a malloc'd copy in *out (free with free();
+ * NULL when empty) and its length in *out_len. */
+int rc_dist_broadcast(rc_dist* d, int32_t root, const void* data, int64_t len, void** out, int64_t* out_len,
+                      char** err);
+
+/* Returns when every rank has reached the barrier. */
+int rc_dist_barrier(rc_dist* d, char** err);
+
 #ifdef __cplusplus
 }
 #endif

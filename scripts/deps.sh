@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs what recal needs and is missing, idempotently: Debian's libtorch
-# (CPU) and OpenBLAS for building and running, python3-torch and numpy for the
-# reference scripts and benchmarks. With LIBTORCH set to another libtorch,
-# only the Python side is checked.
+# (CPU), Gloo's headers and OpenBLAS for building and running, python3-torch
+# and numpy for the reference scripts and benchmarks. With LIBTORCH set to
+# another libtorch, only the Python side is checked.
 set -euo pipefail
 pkgs=()
 need() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed" || pkgs+=("$1"); }
 if [ -z "${LIBTORCH:-}" ]; then
   need libtorch-dev
+  need libgloo-dev  # Gloo's headers, for c10d's ProcessGroupGloo (cgo/recal_dist.cc)
   need libopenblas0-pthread
 fi
 need python3-torch

@@ -1,0 +1,356 @@
+// recal_dist.cc — data-parallel collectives for recal on libtorch's c10d:
+// rendezvous through a TCPStore hosted by rank 0, a ProcessGroupGloo on CPU
+// (and a ProcessGroupNCCL for CUDA gradients when built against a CUDA
+// libtorch, USE_C10D_NCCL), the bucketed all-reduce of a policy's gradients,
+// and all-gather and broadcast of byte buffers. Every entry point catches
+// every C++ exception and reports it through its err out-parameter (see
+// recal.h).
+//
+// Failure model: every collective waits at most the group's timeout. A dead
+// peer closes its sockets, so Gloo usually fails at once ("Connection closed
+// by peer"); a live but absent peer fails after the timeout. After a failure
+// the group is left unusable (Gloo's pairs are in an error state, and a
+// timed-out operation may still own its buffers), so later calls return the
+// first failure without communicating.
+
+#include "recal_internal.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+using recal::fail;
+using recal::guarded;
+
+struct rc_dist {
+  int rank = 0, size = 1;
+  std::chrono::milliseconds timeout{300000};
+  int64_t bucket_bytes = 0;
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;  // bytes, barrier, CPU gradients
+#ifdef USE_C10D_NCCL
+  c10::intrusive_ptr<c10d::ProcessGroupNCCL> nccl;  // CUDA gradients
+#endif
+  std::string broken;  // the first failure; non-empty makes every later call fail
+
+  // Gradient buckets, float32 on the gradients' device, reused between calls
+  // while the policy's layout is the same.
+  std::vector<torch::Tensor> buckets;
+  std::vector<std::pair<size_t, size_t>> spans;  // parameter range [first, last) of each bucket
+  std::vector<int64_t> bucketed_numels;           // the parameter sizes they were made for
+  torch::Device bucketed_device{torch::kCPU};
+};
+
+namespace {
+
+// Runs one collective (fn), turning any failure into a message naming the
+// operation and this rank, and leaving the group unusable.
+template <typename Fn>
+void collective(rc_dist* d, const char* op, Fn&& fn) {
+  auto where = std::string(op) + " (rank " + std::to_string(d->rank) + " of " + std::to_string(d->size) + ")";
+  if (!d->broken.empty()) fail(where + ": the group failed earlier: " + d->broken);
+  std::string msg;
+  try {
+    fn();
+    return;
+  } catch (const c10::Error& e) {
+    msg = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    msg = e.what();
+  } catch (...) {
+    msg = "unknown C++ exception";
+  }
+  d->broken = where + ": " + msg;
+  fail(d->broken);
+}
+
+// Waits for w within the group's timeout; rethrows its failure.
+void wait(rc_dist* d, const c10::intrusive_ptr<c10d::Work>& w) { w->wait(d->timeout); }
+
+torch::Tensor bytes(int64_t n) { return torch::empty({n}, torch::TensorOptions().dtype(torch::kUInt8)); }
+
+// All-gathers one int64 per rank.
+std::vector<int64_t> allgather_i64(rc_dist* d, int64_t v) {
+  auto in = torch::full({1}, v, torch::TensorOptions().dtype(torch::kInt64));
+  std::vector<torch::Tensor> inputs{in};
+  std::vector<std::vector<torch::Tensor>> outputs(1);
+  for (int r = 0; r < d->size; r++) outputs[0].push_back(torch::empty_like(in));
+  c10d::AllgatherOptions o;
+  o.timeout = d->timeout;
+  wait(d, d->gloo->allgather(outputs, inputs, o));
+  std::vector<int64_t> out;
+  for (auto& t : outputs[0]) out.push_back(t.item<int64_t>());
+  return out;
+}
+
+// Broadcasts t (in place) from root.
+void broadcast(rc_dist* d, torch::Tensor& t, int root) {
+  std::vector<torch::Tensor> ts{t};
+  c10d::BroadcastOptions o;
+  o.rootRank = root;
+  o.timeout = d->timeout;
+  wait(d, d->gloo->broadcast(ts, o));
+}
+
+// Splits the policy's parameters into buckets of about bucket_bytes of
+// float32 (at least one parameter each) on the parameters' device.
+void make_buckets(rc_dist* d, const rc_policy* p) {
+  std::vector<int64_t> numels;
+  for (auto& t : p->params) numels.push_back(t.numel());
+  if (!d->buckets.empty() && d->bucketed_numels == numels && d->bucketed_device == p->device) return;
+  d->buckets.clear();
+  d->spans.clear();
+  int64_t cap = std::max<int64_t>(1, d->bucket_bytes / 4);
+  auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(p->device);
+  size_t first = 0;
+  int64_t n = 0;
+  for (size_t i = 0; i < p->params.size(); i++) {
+    n += p->params[i].numel();
+    if (n >= cap || i + 1 == p->params.size()) {
+      d->buckets.push_back(torch::empty({n}, opts));
+      d->spans.emplace_back(first, i + 1);
+      first = i + 1;
+      n = 0;
+    }
+  }
+  d->bucketed_numels = numels;
+  d->bucketed_device = p->device;
+}
+
+c10::intrusive_ptr<c10d::Work> allreduce(rc_dist* d, torch::Tensor& t) {
+  std::vector<torch::Tensor> ts{t};
+  c10d::AllreduceOptions o;
+  o.reduceOp = c10d::ReduceOp::SUM;
+  o.timeout = d->timeout;
+#ifdef USE_C10D_NCCL
+  if (t.is_cuda()) {
+    if (!d->nccl) fail("gradients on " + t.device().str() + " need the nccl backend");
+    return d->nccl->allreduce(ts, o);
+  }
+#endif
+  return d->gloo->allreduce(ts, o);
+}
+
+}  // namespace
+
+extern "C" {
+
+int rc_dist_new(const rc_dist_opts* o, rc_dist** out, char** err) {
+  return guarded(err, [&] {
+    *out = nullptr;
+    if (o->world_size < 1) fail("process group: world size " + std::to_string(o->world_size) + ": want at least 1");
+    if (o->rank < 0 || o->rank >= o->world_size)
+      fail("process group: rank " + std::to_string(o->rank) + ": want 0 to " + std::to_string(o->world_size - 1));
+    if (o->master_port < 1 || o->master_port > 65535)
+      fail("process group: master port " + std::to_string(o->master_port) + ": want 1 to 65535");
+    std::string addr = o->master_addr ? o->master_addr : "";
+    if (addr.empty()) fail("process group: master address is empty");
+    std::string backend = o->backend && *o->backend ? o->backend : "gloo";
+    if (backend != "gloo" && backend != "nccl") fail("process group: backend \"" + backend + "\": want gloo or nccl");
+#ifndef USE_C10D_NCCL
+    if (backend == "nccl")
+      fail("process group: backend \"nccl\": this build has no NCCL (build against a CUDA libtorch with CUDA's and NCCL's headers, see LIBTORCH and CUDA_INC in the Makefile)");
+#endif
+    auto d = std::make_unique<rc_dist>();
+    d->rank = o->rank;
+    d->size = o->world_size;
+    if (o->timeout_s > 0) d->timeout = std::chrono::milliseconds((int64_t)(o->timeout_s * 1000.0));
+    d->bucket_bytes = o->bucket_bytes > 0 ? o->bucket_bytes : (int64_t)25 << 20;
+    auto where = "process group at " + addr + ":" + std::to_string(o->master_port) + " (rank " +
+                 std::to_string(o->rank) + " of " + std::to_string(o->world_size) + ", " + backend + "): ";
+    std::string stage = "rendezvous: ";
+    try {
+      // Rendezvous: rank 0 hosts the store and waits for every rank to connect.
+      c10d::TCPStoreOptions so;
+      so.port = (uint16_t)o->master_port;
+      so.isServer = o->rank == 0;
+      so.numWorkers = (size_t)o->world_size;
+      so.waitWorkers = true;
+      so.timeout = d->timeout;
+      d->store = c10::make_intrusive<c10d::TCPStore>(addr, so);
+      // Every rank checks in, so a missing one is named rather than left
+      // to surface as a socket timeout inside Gloo.
+      std::vector<std::string> keys;
+      for (int r = 0; r < o->world_size; r++) keys.push_back("recal/joined/" + std::to_string(r));
+      d->store->set(keys[o->rank], std::vector<uint8_t>{1});
+      try {
+        d->store->wait(keys, d->timeout);
+      } catch (const std::exception&) {
+        std::string missing;
+        for (int r = 0; r < o->world_size; r++)
+          if (!d->store->check({keys[r]})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        if (missing.empty()) throw;
+        std::ostringstream m;
+        m << "rank(s) " << missing << " did not join within " << d->timeout.count() / 1000.0 << " s";
+        fail(m.str());
+      }
+      stage = "gloo: ";
+
+      // Gloo, as torch.distributed makes it: the interface GLOO_SOCKET_IFNAME
+      // names, else the address this host's name resolves to (loopback when
+      // it resolves to none).
+      auto go = c10d::ProcessGroupGloo::Options::create(d->timeout);
+      const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+      go->devices.push_back(ifname && *ifname ? c10d::ProcessGroupGloo::createDeviceForInterface(ifname)
+                                              : c10d::ProcessGroupGloo::createDefaultDevice());
+      go->threads = 2;
+      auto gstore = c10::make_intrusive<c10d::PrefixStore>("recal/gloo", d->store);
+      d->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(gstore, o->rank, o->world_size, go);
+#ifdef USE_C10D_NCCL
+      if (backend == "nccl") {
+        // Without blocking wait a failed NCCL collective hangs the host; with
+        // it, waits honour the timeout. Read when the group is made.
+        setenv("NCCL_BLOCKING_WAIT", "1", 0);
+        setenv("TORCH_NCCL_BLOCKING_WAIT", "1", 0);
+        stage = "nccl: ";
+        auto no = c10d::ProcessGroupNCCL::Options::create();
+        no->timeout = d->timeout;
+        auto nstore = c10::make_intrusive<c10d::PrefixStore>("recal/nccl", d->store);
+        d->nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(nstore, o->rank, o->world_size, no);
+      }
+#endif
+    } catch (const c10::Error& e) {
+      fail(where + stage + e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      fail(where + stage + e.what());
+    }
+    *out = d.release();
+  });
+}
+
+void rc_dist_free(rc_dist* d) {
+  try {
+    delete d;  // joins Gloo's threads; waits for queued work (bounded by the timeout)
+  } catch (...) {
+  }
+}
+
+int rc_dist_allreduce_grads(rc_dist* d, rc_policy* p, char** err) {
+  return guarded(err, [&] {
+    if (!p->trainable) fail("allreduce_grads: the policy is frozen");
+    torch::NoGradGuard ng;
+    p->flush_grads();  // the float32 sums hold every gradient from here on
+    make_buckets(d, p);
+    collective(d, "allreduce_grads", [&] {
+      // Fill bucket k and start its all-reduce while bucket k+1 fills.
+      std::vector<c10::intrusive_ptr<c10d::Work>> works;
+      for (size_t b = 0; b < d->buckets.size(); b++) {
+        auto& buf = d->buckets[b];
+        // After a call the gradients are views of the buckets (no copy
+        // back). A bucket that something else still views (another
+        // policy's gradients) is left to it, and this call takes a new one.
+        size_t views = 0;
+        for (size_t i = d->spans[b].first; i < d->spans[b].second; i++) {
+          auto g = p->grad(i);
+          if (g.defined() && g.storage().is_alias_of(buf.storage())) views++;
+        }
+        if (buf.storage().use_count() > 1 + views) buf = torch::empty_like(buf);
+        int64_t off = 0;
+        for (size_t i = d->spans[b].first; i < d->spans[b].second; i++) {
+          auto n = p->params[i].numel();
+          auto dst = buf.narrow(0, off, n);
+          auto g = p->grad(i);
+          if (!g.defined())
+            dst.zero_();  // a rank without this gradient contributes zeros
+          else if (g.data_ptr() != dst.data_ptr())
+            dst.copy_(g.reshape({-1}));
+          off += n;
+        }
+        works.push_back(allreduce(d, buf));
+      }
+      if (p->grad32.size() != p->params.size()) p->grad32.resize(p->params.size());
+      for (size_t b = 0; b < d->buckets.size(); b++) {
+        wait(d, works[b]);
+        auto& buf = d->buckets[b];
+        int64_t off = 0;
+        for (size_t i = d->spans[b].first; i < d->spans[b].second; i++) {
+          const auto& t = p->params[i];
+          // Defined on every rank afterwards, so the ranks stay in step.
+          p->grad32[i] = buf.narrow(0, off, t.numel()).view(t.sizes());
+          off += t.numel();
+        }
+      }
+    });
+  });
+}
+
+int rc_dist_allgather(rc_dist* d, const void* data, int64_t len, void** out, int64_t* lens, char** err) {
+  return guarded(err, [&] {
+    *out = nullptr;
+    if (len < 0) fail("allgather: negative length");
+    collective(d, "allgather", [&] {
+      auto n = allgather_i64(d, len);
+      int64_t max = 0, total = 0;
+      for (int r = 0; r < d->size; r++) {
+        lens[r] = n[r];
+        max = std::max(max, n[r]);
+        total += n[r];
+      }
+      if (max == 0) return;
+      auto in = bytes(max);
+      if (len > 0) std::memcpy(in.data_ptr(), data, (size_t)len);
+      if (max > len) std::memset((char*)in.data_ptr() + len, 0, (size_t)(max - len));
+      std::vector<torch::Tensor> inputs{in};
+      std::vector<std::vector<torch::Tensor>> outputs(1);
+      for (int r = 0; r < d->size; r++) outputs[0].push_back(bytes(max));
+      c10d::AllgatherOptions o;
+      o.timeout = d->timeout;
+      wait(d, d->gloo->allgather(outputs, inputs, o));
+      auto buf = (char*)std::malloc((size_t)total);
+      if (!buf) fail("out of memory for " + std::to_string(total) + " bytes");
+      int64_t off = 0;
+      for (int r = 0; r < d->size; r++) {
+        std::memcpy(buf + off, outputs[0][r].data_ptr(), (size_t)n[r]);
+        off += n[r];
+      }
+      *out = buf;
+    });
+  });
+}
+
+int rc_dist_broadcast(rc_dist* d, int32_t root, const void* data, int64_t len, void** out, int64_t* out_len,
+                      char** err) {
+  return guarded(err, [&] {
+    *out = nullptr;
+    *out_len = 0;
+    if (root < 0 || root >= d->size)
+      fail("broadcast: root " + std::to_string(root) + ": want 0 to " + std::to_string(d->size - 1));
+    if (d->rank == root && len < 0) fail("broadcast: negative length");
+    collective(d, "broadcast", [&] {
+      auto n = torch::full({1}, d->rank == root ? len : 0, torch::TensorOptions().dtype(torch::kInt64));
+      broadcast(d, n, root);
+      int64_t size = n.item<int64_t>();
+      if (size == 0) return;
+      auto buf = bytes(size);
+      if (d->rank == root) std::memcpy(buf.data_ptr(), data, (size_t)size);
+      broadcast(d, buf, root);
+      auto res = (char*)std::malloc((size_t)size);
+      if (!res) fail("out of memory for " + std::to_string(size) + " bytes");
+      std::memcpy(res, buf.data_ptr(), (size_t)size);
+      *out = res;
+      *out_len = size;
+    });
+  });
+}
+
+int rc_dist_barrier(rc_dist* d, char** err) {
+  return guarded(err, [&] {
+    collective(d, "barrier", [&] {
+      c10d::BarrierOptions o;
+      o.timeout = d->timeout;
+      wait(d, d->gloo->barrier(o));
+    });
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,239 @@
+package torchbridge
+
+/*
+#include <stdlib.h>
+#include "recal.h"
+*/
+import "C"
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+	"unsafe"
+)
+
+// GroupOptions say how this process joins a process group.
+type GroupOptions struct {
+	Rank       int           // this process, 0 ≤ Rank < WorldSize
+	WorldSize  int           // number of processes
+	MasterAddr string        // host of the rendezvous store that rank 0 serves; "127.0.0.1" when empty
+	MasterPort int           // its TCP port
+	Timeout    time.Duration // bound on the rendezvous and on every collective; 300 s when 0
+	// Backend is "gloo" (the default: CPU) or "nccl" (CUDA builds only):
+	// with nccl, gradients on a GPU are all-reduced over NCCL; byte
+	// collectives and barriers always go over Gloo.
+	Backend string
+	// BucketBytes is the size of the float32 buckets of the gradient
+	// all-reduce; 25 MiB (PyTorch DDP's default) when 0.
+	BucketBytes int
+}
+
+// DefaultTimeout bounds the rendezvous and every collective of a group
+// whose options leave Timeout at 0.
+const DefaultTimeout = 300 * time.Second
+
+// ProcessGroup is this process's membership in a group of data-parallel
+// ranks on libtorch's c10d (cgo/recal_dist.cc): a TCPStore rendezvous that
+// rank 0 serves, then a ProcessGroupGloo (and a ProcessGroupNCCL for GPU
+// gradients in CUDA builds). It implements dist.Group and, with a policy
+// bound, dist.GradReducer.
+//
+// Every rank must call the same collectives in the same order. Calls on one
+// group are serialised by a mutex, so concurrent callers cannot interleave
+// halves of two collectives, but their order across ranks is the caller's
+// to keep. Each collective waits at most the group's timeout, so a dead or
+// stuck peer surfaces as an error naming the operation and the rank, never
+// as a hang; after a failure the group is unusable (later calls return that
+// failure) and should be closed. A ctx cancelled before a collective starts
+// returns ctx.Err(); once started it runs to the end or to the timeout
+// (c10d cannot abort it).
+//
+// Threads: the gradient all-reduce reads and writes the policy's gradients,
+// so it runs on the torch thread like every other policy call. The byte
+// collectives and Barrier run on the calling goroutine: they use only CPU
+// buffers they copy in and out within the call and no thread-local torch
+// state, and so do not hold up the torch thread while waiting for peers.
+type ProcessGroup struct {
+	mu         sync.Mutex // held for the length of each call; Close waits for it
+	h          *C.rc_dist
+	rank, size int
+}
+
+// NewProcessGroup joins a group: it blocks until all WorldSize ranks have
+// joined, the timeout passes (an error naming the address and rank) or ctx
+// is done (ctx.Err(); a rendezvous still under way is then left in the
+// background and freed when it ends).
+func NewProcessGroup(ctx context.Context, opt GroupOptions) (*ProcessGroup, error) {
+	if opt.MasterAddr == "" {
+		opt.MasterAddr = "127.0.0.1"
+	}
+	if opt.Timeout == 0 {
+		opt.Timeout = DefaultTimeout
+	}
+	if opt.Backend == "" {
+		opt.Backend = "gloo"
+	}
+	if opt.Timeout < 0 {
+		return nil, fmt.Errorf("torchbridge: process group: timeout %v: want a positive duration", opt.Timeout)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	type result struct {
+		h   *C.rc_dist
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		addr, backend := C.CString(opt.MasterAddr), C.CString(opt.Backend)
+		defer C.free(unsafe.Pointer(addr))
+		defer C.free(unsafe.Pointer(backend))
+		co := C.rc_dist_opts{
+			rank: C.int32_t(opt.Rank), world_size: C.int32_t(opt.WorldSize),
+			master_addr: addr, master_port: C.int32_t(opt.MasterPort),
+			timeout_s: C.double(opt.Timeout.Seconds()), backend: backend,
+			bucket_bytes: C.int64_t(opt.BucketBytes),
+		}
+		var r result
+		var msg *C.char
+		r.err = status(C.rc_dist_new(&co, &r.h, &msg), msg)
+		done <- r
+	}()
+	select {
+	case r := <-done:
+		if r.err != nil {
+			return nil, r.err
+		}
+		return &ProcessGroup{h: r.h, rank: opt.Rank, size: opt.WorldSize}, nil
+	case <-ctx.Done():
+		go func() {
+			if r := <-done; r.h != nil {
+				C.rc_dist_free(r.h)
+			}
+		}()
+		return nil, ctx.Err()
+	}
+}
+
+// Rank is this process's rank, in [0, Size()).
+func (g *ProcessGroup) Rank() int { return g.rank }
+
+// Size is the number of ranks.
+func (g *ProcessGroup) Size() int { return g.size }
+
+// begin takes the group for one call; the caller must unlock g.mu.
+func (g *ProcessGroup) begin(ctx context.Context) error {
+	g.mu.Lock()
+	if g.h == nil {
+		g.mu.Unlock()
+		return ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		g.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
+// AllReduceGrads replaces the accumulated gradients of p with their sum over
+// the ranks (in float32; a rank without a gradient adds zeros), so that the
+// same optimizer step on every rank keeps the replicas identical. Every rank
+// passes a policy of the same shapes. It runs on the torch thread: the
+// gradients are copied into float32 buckets of GroupOptions.BucketBytes,
+// each all-reduced while the next is filled, and left there as p's
+// gradients (no copy back); the group keeps the buckets (one float32 copy
+// of the gradient) for the next call.
+func (g *ProcessGroup) AllReduceGrads(ctx context.Context, p *Policy) error {
+	if err := g.begin(ctx); err != nil {
+		return err
+	}
+	defer g.mu.Unlock()
+	return p.call(ctx, func(h *C.rc_policy) error {
+		var msg *C.char
+		return status(C.rc_dist_allreduce_grads(g.h, h, &msg), msg)
+	})
+}
+
+// AllGather returns every rank's data, of any length, in rank order; this
+// rank's own data is included (as a copy).
+func (g *ProcessGroup) AllGather(ctx context.Context, data []byte) ([][]byte, error) {
+	if err := g.begin(ctx); err != nil {
+		return nil, err
+	}
+	defer g.mu.Unlock()
+	lens := make([]int64, g.size)
+	var out unsafe.Pointer
+	var msg *C.char
+	rc := C.rc_dist_allgather(g.h, bytesPtr(data), C.int64_t(len(data)), &out, ptrI64(lens), &msg)
+	if err := status(rc, msg); err != nil {
+		return nil, err
+	}
+	var total int64
+	for _, n := range lens {
+		total += n
+	}
+	all := cBytes(out, total)
+	parts := make([][]byte, g.size)
+	var off int64
+	for r, n := range lens {
+		parts[r] = all[off : off+n : off+n]
+		off += n
+	}
+	return parts, nil
+}
+
+// Broadcast returns root's data on every rank; data is read on root only.
+func (g *ProcessGroup) Broadcast(ctx context.Context, data []byte, root int) ([]byte, error) {
+	if err := g.begin(ctx); err != nil {
+		return nil, err
+	}
+	defer g.mu.Unlock()
+	var out unsafe.Pointer
+	var n C.int64_t
+	var msg *C.char
+	rc := C.rc_dist_broadcast(g.h, C.int32_t(root), bytesPtr(data), C.int64_t(len(data)), &out, &n, &msg)
+	if err := status(rc, msg); err != nil {
+		return nil, err
+	}
+	return cBytes(out, int64(n)), nil
+}
+
+// Barrier returns when every rank has reached it.
+func (g *ProcessGroup) Barrier(ctx context.Context) error {
+	if err := g.begin(ctx); err != nil {
+		return err
+	}
+	defer g.mu.Unlock()
+	var msg *C.char
+	return status(C.rc_dist_barrier(g.h, &msg), msg)
+}
+
+// Close leaves the group, after any call in flight. Safe to call twice.
+func (g *ProcessGroup) Close() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.h != nil {
+		C.rc_dist_free(g.h)
+		g.h = nil
+	}
+	return nil
+}
+
+func bytesPtr(b []byte) unsafe.Pointer {
+	if len(b) == 0 {
+		return nil
+	}
+	return unsafe.Pointer(&b[0])
+}
+
+// cBytes copies n bytes of malloc'd C memory into Go and frees it.
+func cBytes(p unsafe.Pointer, n int64) []byte {
+	b := make([]byte, n)
+	if p != nil {
+		copy(b, unsafe.Slice((*byte)(p), n))
+		C.free(p)
+	}
+	return b
+}

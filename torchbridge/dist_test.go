@@ -1,0 +1,484 @@
+package torchbridge_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/recal-project/recal/dist"
+	"github.com/recal-project/recal/torchbridge"
+)
+
+var _ dist.Group = (*torchbridge.ProcessGroup)(nil)
+
+// The multi-rank tests re-run this test binary as one process per rank, each
+// running only TestDistHelper with the launch in torchrun's variables and
+// the scenario in helperEnv.
+const helperEnv = "RECAL_DIST_HELPER"
+
+// freePort returns a TCP port on loopback that nothing listens on.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// launch starts world ranks of scenario, writing into dir, and returns their
+// commands (started) and outputs.
+func launch(t *testing.T, ctx context.Context, scenario, dir string, world int) ([]*exec.Cmd, []*bytes.Buffer) {
+	t.Helper()
+	port := freePort(t)
+	var cmds []*exec.Cmd
+	var outs []*bytes.Buffer
+	for r := 0; r < world; r++ {
+		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestDistHelper$", "-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(), helperEnv+"="+scenario, "RECAL_DIST_DIR="+dir,
+			"RANK="+strconv.Itoa(r), "WORLD_SIZE="+strconv.Itoa(world), "LOCAL_RANK="+strconv.Itoa(r),
+			"MASTER_ADDR=127.0.0.1", "MASTER_PORT="+strconv.Itoa(port))
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cmds = append(cmds, cmd)
+		outs = append(outs, &out)
+	}
+	return cmds, outs
+}
+
+// helperCase is a policy the collectives scenario all-reduces.
+type helperCase struct {
+	name      string
+	dtype     string
+	tied      bool
+	noGradOn1 bool // rank 1 runs no backward: its gradients count as zeros
+}
+
+var helperCases = []helperCase{
+	{name: "f32-tied", dtype: "float32", tied: true},
+	{name: "bf16-untied", dtype: "bfloat16", tied: false},
+	{name: "rank1-without-grads", dtype: "float32", tied: true, noGradOn1: true},
+}
+
+// pattern is rank r's all-gather payload: lengths differ between ranks, and
+// rank 0's is empty in the second round.
+func pattern(r, round int) []byte {
+	n := []int{5000 + 3*r, 13 * r}[round]
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*7 + r*31 + round)
+	}
+	return b
+}
+
+// Two ranks on loopback: the gradient all-reduce equals the sum of both
+// ranks' gradients (for float32 and bfloat16 policies, across several
+// buckets, and with a rank that has none), identical AdamW steps then keep
+// the replicas bitwise equal, and all-gather, broadcast and barrier deliver
+// what each rank sent.
+func TestDistTwoRanks(t *testing.T) {
+	if os.Getenv(helperEnv) != "" {
+		t.Skip("inside a helper rank")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	dir := t.TempDir()
+	cmds, outs := launch(t, ctx, "collectives", dir, 2)
+	for r, cmd := range cmds {
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("rank %d: %v\n%s", r, err, outs[r])
+		}
+	}
+	for _, c := range helperCases {
+		t.Run(c.name, func(t *testing.T) {
+			read := func(what string, r int) []float32 {
+				b, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("%s-%s-%d", c.name, what, r)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				v := make([]float32, len(b)/4)
+				for i := range v {
+					v[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+				}
+				return v
+			}
+			pre0, pre1 := read("pre", 0), read("pre", 1)
+			if c.noGradOn1 {
+				for i, v := range pre1 {
+					if v != 0 {
+						t.Fatalf("rank 1 had gradient %g at %d before the all-reduce; the case needs none", v, i)
+					}
+				}
+			} else if slicesEqual(pre0, pre1) {
+				t.Fatalf("both ranks had the same gradients; the test needs different ones to check a sum")
+			}
+			for r := 0; r < 2; r++ {
+				post := read("post", r)
+				if len(post) != len(pre0) {
+					t.Fatalf("rank %d: %d gradient values after, %d before", r, len(post), len(pre0))
+				}
+				for i := range post {
+					want := pre0[i] + pre1[i]
+					if math.Abs(float64(post[i]-want)) > 1e-6*math.Max(1, math.Abs(float64(want))) {
+						t.Fatalf("rank %d: gradient value %d is %g after the all-reduce, want %g + %g = %g (the sum over ranks)",
+							r, i, post[i], pre0[i], pre1[i], want)
+					}
+				}
+			}
+			p0, p1 := read("params", 0), read("params", 1)
+			if !slicesEqual(p0, p1) {
+				t.Fatalf("the ranks' parameters differ after the same AdamW step on all-reduced gradients: the replicas drifted apart")
+			}
+		})
+	}
+}
+
+func slicesEqual(a, b []float32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// A rank that dies (SIGKILL, no clean-up) makes the survivor's next
+// collective fail promptly with an error naming the operation, rather than
+// hang; later calls report the same failure, and Close returns.
+func TestDistDeadPeer(t *testing.T) {
+	if os.Getenv(helperEnv) != "" {
+		t.Skip("inside a helper rank")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmds, outs := launch(t, ctx, "dead-peer", t.TempDir(), 2)
+	err1 := cmds[1].Wait()
+	var ee *exec.ExitError
+	if !errors.As(err1, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("rank 1 should have died of SIGKILL, got %v\n%s", err1, outs[1])
+	}
+	if err := cmds[0].Wait(); err != nil {
+		t.Fatalf("surviving rank 0: %v\n%s", err, outs[0])
+	}
+	t.Logf("rank 0:\n%s", outs[0])
+}
+
+// TestDistHelper is one rank of a multi-rank test; it runs only when a test
+// above launched it.
+func TestDistHelper(t *testing.T) {
+	scenario := os.Getenv(helperEnv)
+	if scenario == "" {
+		t.Skip("run by TestDistTwoRanks and TestDistDeadPeer as a rank")
+	}
+	if err := torchbridge.SetThreads(1); err != nil {
+		t.Fatal(err)
+	}
+	l, err := dist.FromEnv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	g, err := torchbridge.NewProcessGroup(ctx, torchbridge.GroupOptions{
+		Rank: l.Rank, WorldSize: l.WorldSize, MasterAddr: l.MasterAddr, MasterPort: l.MasterPort,
+		Timeout: 5 * time.Second, BucketBytes: 5000, // several buckets, some holding one parameter larger than a bucket
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if g.Rank() != l.Rank || g.Size() != l.WorldSize {
+		t.Fatalf("group is rank %d of %d, launched as %d of %d", g.Rank(), g.Size(), l.Rank, l.WorldSize)
+	}
+	switch scenario {
+	case "collectives":
+		helperCollectives(t, ctx, g, os.Getenv("RECAL_DIST_DIR"))
+	case "dead-peer":
+		helperDeadPeer(t, ctx, g)
+	default:
+		t.Fatalf("unknown scenario %q", scenario)
+	}
+}
+
+func helperCollectives(t *testing.T, ctx context.Context, g *torchbridge.ProcessGroup, dir string) {
+	rank := g.Rank()
+	for round := 0; round < 2; round++ {
+		parts, err := g.AllGather(ctx, pattern(rank, round))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for r := range parts {
+			if !bytes.Equal(parts[r], pattern(r, round)) {
+				t.Fatalf("all-gather round %d: rank %d's part has %d bytes, want its %d-byte payload", round, r, len(parts[r]), len(pattern(r, round)))
+			}
+		}
+	}
+	if parts, err := g.AllGather(ctx, nil); err != nil || len(parts) != 2 || len(parts[0])+len(parts[1]) != 0 {
+		t.Fatalf("all-gather of nothing: %v, %v; want two empty parts", parts, err)
+	}
+	for _, root := range []int{1, 0} {
+		payload := pattern(root+7, 0)
+		if root == 0 {
+			payload = nil // an empty broadcast
+		}
+		in := payload
+		if rank != root {
+			in = []byte("ignored: read on the root only")
+		}
+		got, err := g.Broadcast(ctx, in, root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, payload) {
+			t.Fatalf("broadcast from %d: got %d bytes, want the root's %d", root, len(got), len(payload))
+		}
+	}
+	if _, err := g.Broadcast(ctx, nil, 2); err == nil || !strings.Contains(err.Error(), "root 2") {
+		t.Fatalf("broadcast from root 2 of 2: %v, want an error naming the root", err)
+	}
+	if err := g.Barrier(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, c := range helperCases {
+		p, err := torchbridge.NewPolicy(tinyConfig(64, c.tied), torchbridge.Options{DType: c.dtype})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		if err := p.InitRandom(11, 0.2); err != nil { // the same weights on every rank
+			t.Fatal(err)
+		}
+		if !(c.noGradOn1 && rank == 1) {
+			rng := rand.New(rand.NewSource(int64(100 + rank))) // different data per rank
+			var seqs []torchbridge.Sequence
+			for b := 0; b < 3; b++ {
+				toks := randomSeq(rng, 9+b, 64)
+				mask := make([]float32, len(toks))
+				for i := 3; i < len(mask); i++ {
+					mask[i] = 1
+				}
+				seqs = append(seqs, torchbridge.Sequence{Tokens: toks, Mask: mask, Advantage: float32(b) - 1 + 0.5*float32(rank)})
+			}
+			if _, err := p.Backward(ctx, seqs, torchbridge.LossOptions{ClipEps: 0.2, Scale: 0.1}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		dump := func(what string, prefix string) {
+			var buf []byte
+			for _, pr := range p.Params() {
+				b := make([]byte, 4*pr.Numel())
+				if err := p.GetParam(prefix+pr.Name, "F32", b); err != nil {
+					t.Fatal(err)
+				}
+				buf = append(buf, b...)
+			}
+			if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("%s-%s-%d", c.name, what, rank)), buf, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		dump("pre", "grad/")
+		if err := g.AllReduceGrads(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		dump("post", "grad/")
+		if _, err := p.Step(ctx, torchbridge.AdamW{LR: 1e-2, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: 0.1, MaxGradNorm: 1}); err != nil {
+			t.Fatal(err)
+		}
+		dump("params", "")
+	}
+	helperTwoPolicies(t, ctx, g)
+	if err := g.Barrier(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if _, err := g.AllGather(ctx, []byte("x")); !errors.Is(err, torchbridge.ErrClosed) {
+		t.Fatalf("all-gather after Close: %v, want ErrClosed", err)
+	}
+}
+
+// After an all-reduce a policy's gradients live in the group's buckets: an
+// all-reduce of a second policy must not overwrite them, and a second
+// all-reduce of the first (gradients already in place) must sum again.
+func helperTwoPolicies(t *testing.T, ctx context.Context, g *torchbridge.ProcessGroup) {
+	grads := func(p *torchbridge.Policy) []float32 {
+		var all []float32
+		for _, pr := range p.Params() {
+			all = append(all, getF32(t, p, "grad/"+pr.Name, pr.Numel())...)
+		}
+		return all
+	}
+	var pols []*torchbridge.Policy
+	for i := 0; i < 2; i++ {
+		p := newTiny(t, 64, true, 5)
+		seq := []int32{1, 2, 3, 4, 5, int32(10 + 7*i + g.Rank())}
+		if _, _, err := p.BackwardNLL(ctx, [][]int32{seq}, [][]float32{{0, 1, 1, 1, 1, 1}}, 1, 0); err != nil {
+			t.Fatal(err)
+		}
+		pols = append(pols, p)
+	}
+	if err := g.AllReduceGrads(ctx, pols[0]); err != nil {
+		t.Fatal(err)
+	}
+	first := grads(pols[0])
+	if err := g.AllReduceGrads(ctx, pols[1]); err != nil {
+		t.Fatal(err)
+	}
+	if !slicesEqual(first, grads(pols[0])) {
+		t.Fatalf("all-reducing a second policy changed the first one's reduced gradients")
+	}
+	if err := g.AllReduceGrads(ctx, pols[0]); err != nil {
+		t.Fatal(err)
+	}
+	again := grads(pols[0])
+	for i := range again {
+		if again[i] != 2*first[i] {
+			t.Fatalf("a second all-reduce of equal gradients on both ranks gave %g at %d, want 2 × %g", again[i], i, first[i])
+		}
+	}
+}
+
+func helperDeadPeer(t *testing.T, ctx context.Context, g *torchbridge.ProcessGroup) {
+	if err := g.Barrier(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if g.Rank() == 1 {
+		syscall.Kill(os.Getpid(), syscall.SIGKILL) // die without closing anything
+		time.Sleep(time.Minute)
+	}
+	start := time.Now()
+	_, err := g.AllGather(ctx, []byte("anyone there?"))
+	took := time.Since(start)
+	t.Logf("all-gather with a dead peer: %v after %v", err, took)
+	if err == nil || !strings.Contains(err.Error(), "allgather (rank 0 of 2)") {
+		t.Fatalf("all-gather with a dead peer: %v, want an error naming the all-gather and the rank", err)
+	}
+	if took > 5*time.Second+2*time.Second {
+		t.Fatalf("the error took %v, more than the group's 5 s timeout", took)
+	}
+	p := newTiny(t, 64, true, 1)
+	err = g.AllReduceGrads(ctx, p)
+	if err == nil || !strings.Contains(err.Error(), "the group failed earlier: allgather") {
+		t.Fatalf("all-reduce after the failure: %v, want the earlier failure", err)
+	}
+	start = time.Now()
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("Close took %v", time.Since(start))
+}
+
+// In one process: a group of one works (collectives are identities), and
+// bad options or a missing peer give errors naming the problem.
+func TestProcessGroupOneProcess(t *testing.T) {
+	if os.Getenv(helperEnv) != "" {
+		t.Skip("inside a helper rank")
+	}
+	ctx := context.Background()
+	g, err := torchbridge.NewProcessGroup(ctx, torchbridge.GroupOptions{WorldSize: 1, MasterPort: freePort(t), Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	parts, err := g.AllGather(ctx, []byte("only me"))
+	if err != nil || len(parts) != 1 || string(parts[0]) != "only me" {
+		t.Fatalf("all-gather in a group of one: %q, %v", parts, err)
+	}
+	if b, err := g.Broadcast(ctx, []byte("me"), 0); err != nil || string(b) != "me" {
+		t.Fatalf("broadcast in a group of one: %q, %v", b, err)
+	}
+	if err := g.Barrier(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p := newTiny(t, 64, true, 3)
+	if _, _, err := p.BackwardNLL(ctx, [][]int32{{1, 2, 3, 4}}, [][]float32{{0, 1, 1, 1}}, 1, 0); err != nil {
+		t.Fatal(err)
+	}
+	name := "grad/" + p.Params()[0].Name
+	before := getF32(t, p, name, p.Params()[0].Numel())
+	if err := g.AllReduceGrads(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	if !slicesEqual(before, getF32(t, p, name, p.Params()[0].Numel())) {
+		t.Fatalf("the all-reduce over one rank changed the gradient")
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := g.Barrier(cancelled); !errors.Is(err, context.Canceled) {
+		t.Fatalf("barrier with a cancelled ctx: %v, want context.Canceled", err)
+	}
+	g.Close()
+	if err := g.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if err := g.Barrier(ctx); !errors.Is(err, torchbridge.ErrClosed) {
+		t.Fatalf("barrier after Close: %v, want ErrClosed", err)
+	}
+
+	port := freePort(t)
+	tests := []struct {
+		name string
+		ctx  context.Context
+		opt  torchbridge.GroupOptions
+		want string
+	}{
+		{"rank past world", ctx, torchbridge.GroupOptions{Rank: 2, WorldSize: 2, MasterPort: port}, "rank 2: want 0 to 1"},
+		{"no ranks", ctx, torchbridge.GroupOptions{WorldSize: 0, MasterPort: port}, "world size 0"},
+		{"no port", ctx, torchbridge.GroupOptions{WorldSize: 1}, "master port 0"},
+		{"unknown backend", ctx, torchbridge.GroupOptions{WorldSize: 1, MasterPort: port, Backend: "mpi"}, `backend "mpi": want gloo or nccl`},
+		{"negative timeout", ctx, torchbridge.GroupOptions{WorldSize: 1, MasterPort: port, Timeout: -time.Second}, "timeout -1s"},
+		{"cancelled", cancelled, torchbridge.GroupOptions{WorldSize: 1, MasterPort: port}, "context canceled"},
+		// Rank 0 of 2 alone: the rendezvous times out, naming where.
+		{"missing peer", ctx, torchbridge.GroupOptions{WorldSize: 2, MasterPort: port, Timeout: 1500 * time.Millisecond},
+			fmt.Sprintf("process group at 127.0.0.1:%d (rank 0 of 2, gloo): rendezvous: ", port)},
+	}
+	if cuda, _ := torchbridge.CUDAAvailable(); !cuda {
+		tests = append(tests, struct {
+			name string
+			ctx  context.Context
+			opt  torchbridge.GroupOptions
+			want string
+		}{"nccl without CUDA", ctx, torchbridge.GroupOptions{WorldSize: 1, MasterPort: port, Backend: "nccl"}, `backend "nccl"`})
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			start := time.Now()
+			g, err := torchbridge.NewProcessGroup(tt.ctx, tt.opt)
+			if err == nil {
+				g.Close()
+				t.Fatalf("NewProcessGroup(%+v) succeeded, want an error containing %q", tt.opt, tt.want)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("NewProcessGroup(%+v) error = %v, want one containing %q", tt.opt, err, tt.want)
+			}
+			if tt.opt.Timeout > 0 && time.Since(start) > tt.opt.Timeout+5*time.Second {
+				t.Fatalf("the error took %v with a %v timeout", time.Since(start), tt.opt.Timeout)
+			}
+			t.Logf("after %v: %v", time.Since(start).Round(time.Millisecond), err)
+		})
+	}
+}
