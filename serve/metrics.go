@@ -24,11 +24,12 @@ type metrics struct {
 	poolFailures *prometheus.CounterVec
 	poolCost     *prometheus.CounterVec
 	tokens       *prometheus.CounterVec
+	refusals     *prometheus.CounterVec
 	known        map[string]bool
 }
 
-// otherModel labels calls naming no pool model (the policy's text is not a
-// label: it would make one series per typo).
+// otherModel labels calls of a model the metrics were not told about (a
+// label never holds text the policy wrote: one series per typo).
 const otherModel = "(unknown)"
 
 func newMetrics(b Backend, models []string) *metrics {
@@ -50,13 +51,15 @@ func newMetrics(b Backend, models []string) *metrics {
 			Help: "Cost of the pool calls at list prices (USD), by pool model."}, []string{"model"}),
 		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "recal_serve_tokens_total",
 			Help: "Tokens of answered requests: policy_prompt, policy_completion, pool_prompt, pool_completion."}, []string{"kind"}),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "recal_serve_search_refusals_total",
+			Help: "<search> actions that made no pool call: unknown_model (not a model the request may call) or budget (recal.max_cost_usd spent)."}, []string{"reason"}),
 		known: map[string]bool{},
 	}
 	queue := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "recal_serve_queue_depth",
 		Help: "Requests waiting for a decoding row."}, func() float64 { _, w := b.Stats(); return float64(w) })
 	batch := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "recal_serve_batch_rows",
 		Help: "Requests decoding together (rows of the policy's batch)."}, func() float64 { a, _ := b.Stats(); return float64(a) })
-	m.reg.MustRegister(m.requests, m.latency, m.inflight, m.rejected, m.poolCalls, m.poolFailures, m.poolCost, m.tokens, queue, batch,
+	m.reg.MustRegister(m.requests, m.latency, m.inflight, m.rejected, m.poolCalls, m.poolFailures, m.poolCost, m.tokens, m.refusals, queue, batch,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, name := range append(models, otherModel) {
 		m.known[name] = true
@@ -87,10 +90,19 @@ func (m *metrics) answered(res Result) {
 }
 
 // call counts one pool call, as soon as its reply arrives (a request
-// cancelled later still spent it).
+// cancelled later still spent it). A <search> that made no call (an
+// unknown model, a spent budget) counts as a refusal, not a call.
 func (m *metrics) call(c router.Call) {
+	switch {
+	case c.Unknown:
+		m.refusals.WithLabelValues("unknown_model").Inc()
+		return
+	case c.Refused:
+		m.refusals.WithLabelValues("budget").Inc()
+		return
+	}
 	model := c.Model
-	if c.Unknown || !m.known[model] {
+	if !m.known[model] {
 		model = otherModel
 	}
 	m.poolCalls.WithLabelValues(model).Inc()

@@ -434,13 +434,18 @@ type TraceEntry struct {
 	// policy saw instead.
 	Failed  bool   `json:"failed"`
 	Failure string `json:"failure,omitempty"`
+	// Unknown is true when the policy named no model it may call, and
+	// Refused when recal.max_cost_usd was spent: no call was made.
+	Unknown bool `json:"unknown,omitempty"`
+	Refused bool `json:"refused,omitempty"`
 }
 
 // traceEntry converts a pool call.
 func traceEntry(c router.Call) TraceEntry {
 	e := TraceEntry{Turn: c.Turn, Model: c.Model, SubQuery: c.Query, LatencyMS: float64(c.Latency.Microseconds()) / 1000,
-		CostUSD: c.Cost, Cached: c.Cached, Failed: c.Failed}
-	e.PromptTokens, e.CompletionTokens = callTokens(c)
+		CostUSD: c.Cost, Cached: c.Cached, Failed: c.Failed,
+		Unknown: c.Unknown, Refused: c.Refused}
+	e.PromptTokens, e.CompletionTokens = c.PromptTokens, c.CompletionTokens
 	if c.Failed {
 		e.Failure = c.Reply
 	}
@@ -474,9 +479,4 @@ func calledModels(s router.Sample) []string {
 		}
 	}
 	return out
-}
-
-// callTokens are a pool call's prompt and completion tokens.
-func callTokens(c router.Call) (prompt, completion int) {
-	return 0, 0 // TODO(serve): router.Call's token fields, when the service lands
 }

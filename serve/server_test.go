@@ -31,7 +31,7 @@ func TestMain(m *testing.M) {
 }
 
 // setCallTokens sets a call's token counts.
-func setCallTokens(c *router.Call, in, out int) {}
+func setCallTokens(c *router.Call, in, out int) { c.PromptTokens, c.CompletionTokens = in, out }
 
 // simPool is a pool of two simulated models answering after latency.
 func simPool(t testing.TB, latency time.Duration) *llmpool.Pool {
@@ -211,8 +211,9 @@ func TestChatCompletion(t *testing.T) {
 	}
 	if len(got.Recal.Trace) == 2 {
 		e := got.Recal.Trace[0]
-		if e.Turn != 0 || e.Model != "sim-b" || e.SubQuery != "Who wrote Hamlet?" || e.Failed || abs(e.CostUSD-50e-6) > 1e-12 {
-			t.Errorf("first trace entry %+v, want turn 0 of sim-b asking the question for 50 µUSD", e)
+		if e.Turn != 0 || e.Model != "sim-b" || e.SubQuery != "Who wrote Hamlet?" || e.Failed || abs(e.CostUSD-50e-6) > 1e-12 ||
+			e.PromptTokens != 10 || e.CompletionTokens != 5 {
+			t.Errorf("first trace entry %+v, want turn 0 of sim-b asking the question, 10 + 5 tokens for 50 µUSD", e)
 		}
 	}
 	q := f.backend.lastQuery()
@@ -709,6 +710,50 @@ func TestHealthReady(t *testing.T) {
 	f.srv.SetReady(true)
 	if resp, b := f.get(t, "/readyz"); resp.StatusCode != 200 {
 		t.Errorf("/readyz %d %s once ready, want 200", resp.StatusCode, b)
+	}
+}
+
+// A <search> that made no call is a refusal in the metrics and a failed,
+// flagged entry in the trace; calls of models the server was not told
+// about share one label.
+func TestMetricsRefusals(t *testing.T) {
+	m := newMetrics(errBackend{}, []string{"sim-a"})
+	calls := []router.Call{
+		{Model: "sim-a", Cost: 0.5},
+		{Model: "gpt-typo-from-the-policy", Failed: true, Unknown: true, Reply: "[router: unknown model]"},
+		{Model: "sim-a", Failed: true, Refused: true, Reply: router.BudgetText},
+		{Model: "later-added", Failed: true},
+	}
+	for _, c := range calls {
+		m.call(c)
+	}
+	srv := httptest.NewServer(m.handler())
+	defer srv.Close()
+	resp, err := srv.Client().Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	text := string(b)
+	for _, want := range []string{
+		`recal_serve_pool_calls_total{model="sim-a"} 1`,
+		`recal_serve_pool_cost_usd_total{model="sim-a"} 0.5`,
+		`recal_serve_pool_calls_total{model="(unknown)"} 1`,
+		`recal_serve_pool_failures_total{model="(unknown)"} 1`,
+		`recal_serve_search_refusals_total{reason="unknown_model"} 1`,
+		`recal_serve_search_refusals_total{reason="budget"} 1`,
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("metrics lack %q:\n%s", want, grep(text, "recal_"))
+		}
+	}
+	if strings.Contains(text, "gpt-typo") {
+		t.Error("a model name the policy wrote became a metric label")
+	}
+	e := traceEntry(calls[2])
+	if !e.Failed || !e.Refused || e.Failure != router.BudgetText {
+		t.Errorf("trace entry of a refused search %+v, want failed, refused and the budget text", e)
 	}
 }
 

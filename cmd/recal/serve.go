@@ -1,0 +1,223 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/urfave/cli/v3"
+
+	"github.com/recal-project/recal/config"
+	"github.com/recal-project/recal/eval"
+	"github.com/recal-project/recal/serve"
+	"github.com/recal-project/recal/torchbridge"
+	"github.com/recal-project/recal/trainer"
+)
+
+func serveCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "serve",
+		Usage: "answer questions over HTTP with a policy checkpoint, in OpenAI's chat completions format",
+		Description: "Loads the policy, builds the pool and serves POST /v1/chat/completions (plain and\n" +
+			"streamed), GET /v1/models, /healthz, /readyz and /metrics until SIGINT/SIGTERM, which stop\n" +
+			"accepting, let the requests in flight finish within serve.drain_timeout and exit 0.\n" +
+			"Settings: the [serve] table. Prints the API's base URL on stdout once ready; see the\n" +
+			"README's \"Serving\" section for the request and response fields.",
+		Flags: append(configFlags(),
+			&cli.StringFlag{Name: "checkpoint", Usage: "policy checkpoint folder (required); the router's model id is recal-<its folder name>"},
+			&cli.StringFlag{Name: "addr", Usage: "host:port to listen on (default serve.addr; port 0 picks a free one)"},
+			&cli.StringFlag{Name: "extra-models", Usage: "TOML file of [[models]] added to the pool (unseen models)"},
+			&cli.StringFlag{Name: "trace", Usage: "append one JSON line per chat completion to this file (question, response, calls: rollouts.jsonl's shape)"},
+			&cli.BoolFlag{Name: "dry-run", Usage: "check the config, checkpoint, pool, API keys and address, print a summary and exit (0, or 2 listing every problem); loads nothing"},
+		),
+		Action: runServe,
+	}
+}
+
+// routerName is the model id clients ask for: recal-<checkpoint folder>.
+func routerName(checkpoint string) string {
+	return "recal-" + filepath.Base(filepath.Clean(checkpoint))
+}
+
+// withExtraModels adds the [[models]] of an --extra-models file to the pool.
+func withExtraModels(cfg config.Config, path string) (config.Config, error) {
+	if path == "" {
+		return cfg, nil
+	}
+	extra, err := eval.LoadExtraModels(path)
+	if err != nil {
+		return cfg, usageError{err}
+	}
+	cfg.Pool.Models = append(slices.Clip(cfg.Pool.Models), extra...)
+	if err := cfg.Pool.Validate(); err != nil {
+		return cfg, usageError{fmt.Errorf("%s: %w", path, err)}
+	}
+	return cfg, nil
+}
+
+func runServe(ctx context.Context, cmd *cli.Command) error {
+	if err := requireFlags(cmd, "checkpoint"); err != nil {
+		return err
+	}
+	cfg, err := loadConfig(cmd)
+	if err != nil {
+		return err
+	}
+	if cmd.IsSet("addr") {
+		cfg.Serve.Addr = cmd.String("addr")
+		if err := cfg.Serve.Validate(); err != nil {
+			return usageError{fmt.Errorf("--addr: %w", err)}
+		}
+	}
+	if cfg, err = withExtraModels(cfg, cmd.String("extra-models")); err != nil {
+		return err
+	}
+	ck := cmd.String("checkpoint")
+	if cmd.Bool("dry-run") {
+		return dryRunServe(os.Stdout, cfg, cmd.String("config"), ck, cmd.String("trace"))
+	}
+	apiKey, err := cfg.Serve.APIKey()
+	if err != nil {
+		return usageError{err}
+	}
+	var trace io.Writer
+	if p := cmd.String("trace"); p != "" {
+		f, err := os.OpenFile(p, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+		if err != nil {
+			return fmt.Errorf("serve: --trace: %w", err)
+		}
+		defer f.Close()
+		trace = f
+	}
+	// Listen before loading anything: a port in use fails now, not after
+	// the policy is loaded, and nothing is served before it is.
+	ln, err := net.Listen("tcp", cfg.Serve.Addr)
+	if err != nil {
+		return fmt.Errorf("serve: listen on %s: %w", cfg.Serve.Addr, err)
+	}
+	defer ln.Close()
+	if err := setThreadsFrom(cmd, cfg); err != nil {
+		return err
+	}
+	eng, err := trainer.OpenEngine(ck, torchbridge.Options{Device: cfg.Policy.Device, DType: cfg.Policy.DType})
+	if err != nil {
+		return fmt.Errorf("checkpoint %s is not a policy: %w", ck, err)
+	}
+	defer eng.Close()
+	env, err := trainer.NewEnv(cfg, eng, nil, slog.Default())
+	if err != nil {
+		return err
+	}
+	defer env.Close()
+	svc, err := env.NewService(cfg.Serve.MaxBatch, uint64(cfg.Train.Seed))
+	if err != nil {
+		return err
+	}
+	name := routerName(ck)
+	srv, err := serve.New(serve.Options{Config: cfg.Serve, Name: name, Models: env.Pool.Models(), MaxTurns: cfg.Router.MaxTurns,
+		APIKey: apiKey, Backend: serviceBackend{svc}, Log: slog.Default(), Trace: trace})
+	if err != nil {
+		return err
+	}
+
+	// The decode loop runs until the HTTP side has drained; if it stops on
+	// its own (a libtorch error), the server stops too.
+	runCtx, stopRun := context.WithCancel(context.Background())
+	defer stopRun()
+	runDone := make(chan error, 1)
+	go func() { runDone <- svc.Run(runCtx) }()
+	serveCtx, stopServe := context.WithCancel(ctx)
+	defer stopServe()
+	var runErr error
+	ran := make(chan struct{})
+	go func() {
+		defer close(ran)
+		select {
+		case runErr = <-runDone:
+			if runErr == nil {
+				runErr = errors.New("the decode loop stopped")
+			}
+			srv.SetReady(false)
+			stopServe()
+		case <-serveCtx.Done():
+		}
+	}()
+	srv.SetReady(true)
+	url := "http://" + ln.Addr().String() + "/v1"
+	slog.Info("serving", "url", url, "model", name, "pool", len(env.Pool.Models()), "max_batch", cfg.Serve.MaxBatch,
+		"max_queue", cfg.Serve.MaxQueue, "auth", apiKey != "")
+	fmt.Println(url)
+	err = srv.Serve(serveCtx, ln)
+	stopServe()
+	<-ran
+	stopRun()
+	if runErr == nil {
+		runErr = <-runDone
+	}
+	switch {
+	case err != nil:
+		return err
+	case runErr != nil && !errors.Is(runErr, context.Canceled):
+		return fmt.Errorf("serve: %w", runErr)
+	}
+	slog.Info("stopped", "url", url)
+	return nil
+}
+
+// serviceBackend adapts trainer.Service to serve.Backend.
+type serviceBackend struct{ s *trainer.Service }
+
+func (b serviceBackend) Stats() (int, int) { return b.s.Stats() }
+
+func (b serviceBackend) Answer(ctx context.Context, q serve.Query) (serve.Result, error) {
+	a, err := b.s.Answer(ctx, trainer.ServiceQuery{Question: q.Question, Models: q.Models, MaxTurns: q.MaxTurns,
+		MaxCostUSD: q.MaxCostUSD, Sampling: q.Sampling, MaxTokens: q.MaxTokens, OnCall: q.OnCall})
+	if errors.Is(err, trainer.ErrInvalidQuery) {
+		return serve.Result{}, fmt.Errorf("%w: %s", serve.ErrInvalidQuery, strings.TrimPrefix(err.Error(), trainer.ErrInvalidQuery.Error()+": "))
+	}
+	if err != nil {
+		return serve.Result{}, err
+	}
+	return serve.Result{Answer: a.Answer, Sample: a.Sample, PolicyPromptTokens: a.PolicyPromptTokens,
+		PolicyCompletionTokens: a.PolicyCompletionTokens, PoolPromptTokens: a.PoolPromptTokens,
+		PoolCompletionTokens: a.PoolCompletionTokens, CostUSD: a.CostUSD}, nil
+}
+
+// dryRunServe is `recal serve --dry-run`: what runServe would load and use.
+func dryRunServe(w io.Writer, cfg config.Config, configPath, checkpoint, trace string) error {
+	p := &preflight{command: "serve"}
+	p.line("config       %s", configPath)
+	size, _ := p.checkPolicy("--checkpoint", checkpoint)
+	p.line("device       %s, %s", cfg.Policy.Device, cfg.Policy.DType)
+	if size.cfg != nil {
+		p.line("memory       %s, on %s (the policy only; the KV cache of serve.max_batch = %d rows comes on top)",
+			planMemory(size.params, cfg.Policy, nil), cfg.Policy.Device, cfg.Serve.MaxBatch)
+	}
+	p.checkPool(cfg.Pool, cfg.Router)
+	s := cfg.Serve
+	if _, err := s.APIKey(); err != nil {
+		p.problem("serve.api_key_env: %v", err)
+	}
+	if ln, err := net.Listen("tcp", s.Addr); err != nil {
+		p.problem("serve.addr: cannot listen on %s: %v", s.Addr, err)
+	} else {
+		ln.Close()
+	}
+	if trace != "" {
+		p.checkCreatable("--trace", filepath.Dir(trace))
+	}
+	auth := "none"
+	if s.APIKeyEnv != "" {
+		auth = "bearer token from $" + s.APIKeyEnv
+	}
+	p.line("serve        %s as %s: %d rows decoding, %d queued, timeout %s, drain %s, auth %s",
+		s.Addr, routerName(checkpoint), s.MaxBatch, s.MaxQueue, s.RequestTimeout, s.DrainTimeout, auth)
+	return p.finish(w)
+}

@@ -1,0 +1,529 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/recal-project/recal/config"
+	"github.com/recal-project/recal/data"
+	"github.com/recal-project/recal/eval"
+	"github.com/recal-project/recal/internal/testpolicy"
+	"github.com/recal-project/recal/torchbridge"
+	"github.com/recal-project/recal/trainer"
+)
+
+// serveSets are the test server's settings over recal.toml: short turns for
+// the micro test policy, 2 threads.
+var serveSets = []string{"--set", "router.turn_tokens=16", "--set", "router.info_tokens=8", "--set", "router.max_turns=2",
+	"--set", "serve.max_batch=4", "--set", "serve.max_queue=32"}
+
+// TestServeHelper is not a test: the serve tests run the test binary with
+// RECAL_SERVE_ARGS (a JSON array) to get a `recal serve` process that
+// handles signals as recal does.
+func TestServeHelper(t *testing.T) {
+	argv := os.Getenv("RECAL_SERVE_ARGS")
+	if argv == "" {
+		t.Skip("run by the serve tests")
+	}
+	var args []string
+	if err := json.Unmarshal([]byte(argv), &args); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(99)
+	}
+	ctx, stop := interruptContext(context.Background(), os.Stderr, os.Exit)
+	defer stop()
+	os.Exit(run(ctx, append([]string{"recal"}, args...)))
+}
+
+// serveProc is a `recal serve` subprocess.
+type serveProc struct {
+	cmd    *exec.Cmd
+	url    string // http://127.0.0.1:PORT/v1
+	stderr *lockedBuffer
+	done   chan struct{}
+	code   int
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// startServe runs `recal --threads 2 serve --config recal.toml ARGS` on a
+// free port and waits until it prints its URL.
+func startServe(t *testing.T, args ...string) *serveProc {
+	t.Helper()
+	all := append([]string{"--threads", "2", "serve", "--config", "../../recal.toml", "--addr", "127.0.0.1:0"}, args...)
+	b, _ := json.Marshal(all)
+	p := &serveProc{cmd: exec.Command(os.Args[0], "-test.run=^TestServeHelper$"), stderr: &lockedBuffer{}, done: make(chan struct{})}
+	p.cmd.Env = append(os.Environ(), "RECAL_SERVE_ARGS="+string(b))
+	p.cmd.Stderr = p.stderr
+	out, err := p.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		p.cmd.Wait()
+		p.code = p.cmd.ProcessState.ExitCode()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		p.cmd.Process.Kill()
+		<-p.done
+	})
+	lines := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		if sc.Scan() {
+			lines <- sc.Text()
+		}
+		io.Copy(io.Discard, out)
+	}()
+	select {
+	case p.url = <-lines:
+	case <-p.done:
+		t.Fatalf("recal serve exited with %d before serving: %s", p.code, p.stderr.String())
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("recal serve printed no URL in 2 minutes: %s", p.stderr.String())
+	}
+	if !strings.HasPrefix(p.url, "http://127.0.0.1:") || !strings.HasSuffix(p.url, "/v1") {
+		t.Fatalf("recal serve printed %q, want its base URL", p.url)
+	}
+	return p
+}
+
+// root is the server's address without /v1.
+func (p *serveProc) root() string { return strings.TrimSuffix(p.url, "/v1") }
+
+func (p *serveProc) post(t *testing.T, body string) (*http.Response, []byte) {
+	t.Helper()
+	resp, err := http.Post(p.url+"/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatalf("POST: %v; server stderr: %s", err, p.stderr.String())
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, b
+}
+
+func question(q string, extra string) string {
+	b, _ := json.Marshal(q)
+	if extra != "" {
+		extra = "," + extra
+	}
+	return fmt.Sprintf(`{"messages":[{"role":"user","content":%s}]%s}`, b, extra)
+}
+
+// Startup errors exit non-zero before anything is served.
+func TestServeStartupErrors(t *testing.T) {
+	ck := testpolicy.Micro(t, "../..", 1)
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	dir := t.TempDir()
+	keyed := filepath.Join(dir, "keyed.toml")
+	os.WriteFile(keyed, []byte(`[[models]]
+name = "real"
+description = "needs a key"
+provider = "openai"
+  [models.openai]
+  base_url = "http://127.0.0.1:1/v1"
+  model = "m"
+  api_key_env = "RECAL_TEST_UNSET_POOL_KEY"
+`), 0o644)
+	os.Unsetenv("RECAL_TEST_UNSET_POOL_KEY")
+	os.Unsetenv("RECAL_TEST_UNSET_CLIENT_KEY")
+	base := []string{"--threads", "2", "serve", "--config", "../../recal.toml"}
+	cases := []struct {
+		name string
+		args []string
+		code int
+		says string
+	}{
+		{"no checkpoint", nil, 2, "--checkpoint is required"},
+		{"not a checkpoint", []string{"--checkpoint", t.TempDir(), "--addr", "127.0.0.1:0"}, 1, "is not a policy"},
+		{"port in use", []string{"--checkpoint", ck, "--addr", busy.Addr().String()}, 1, "address already in use"},
+		{"bad address", []string{"--checkpoint", ck, "--addr", "nowhere"}, 2, "--addr"},
+		{"unknown key", []string{"--checkpoint", ck, "--set", "serve.nope=1"}, 2, `unknown key "serve.nope"`},
+		{"client key variable unset", []string{"--checkpoint", ck, "--set", "serve.api_key_env=RECAL_TEST_UNSET_CLIENT_KEY"}, 2, "RECAL_TEST_UNSET_CLIENT_KEY"},
+		{"pool key variable unset", []string{"--checkpoint", ck, "--addr", "127.0.0.1:0", "--extra-models", keyed}, 1, "RECAL_TEST_UNSET_POOL_KEY"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			code, stdout, stderr := runCLI(t, append(base, c.args...)...)
+			if code != c.code || !strings.Contains(stderr, c.says) {
+				t.Fatalf("exit %d, stderr %q; want %d mentioning %q", code, stderr, c.code, c.says)
+			}
+			if stdout != "" {
+				t.Errorf("stdout %q: a server that did not start printed its URL", stdout)
+			}
+		})
+	}
+}
+
+func TestServeDryRun(t *testing.T) {
+	ck := testpolicy.Micro(t, "../..", 1)
+	code, stdout, stderr := runCLI(t, "serve", "--config", "../../recal.toml", "--checkpoint", ck, "--addr", "127.0.0.1:0", "--dry-run")
+	if code != 0 || !strings.Contains(stdout, "recal-policy") || !strings.Contains(stdout, "no problem found") {
+		t.Fatalf("exit %d, stdout %q, stderr %q; want 0 and a summary naming the router", code, stdout, stderr)
+	}
+	os.Unsetenv("RECAL_TEST_UNSET_CLIENT_KEY")
+	code, _, stderr = runCLI(t, "serve", "--config", "../../recal.toml", "--checkpoint", t.TempDir(), "--dry-run",
+		"--set", "serve.api_key_env=RECAL_TEST_UNSET_CLIENT_KEY")
+	if code != 2 || !strings.Contains(stderr, "RECAL_TEST_UNSET_CLIENT_KEY") || !strings.Contains(stderr, "--checkpoint") {
+		t.Fatalf("exit %d, stderr %q; want 2 listing the unset key variable and the bad checkpoint", code, stderr)
+	}
+}
+
+// The real server (micro policy, sim pool) answers plain and streamed
+// requests, refuses hostile ones cleanly, survives a client that hangs up
+// mid-stream, and writes its trace and metrics.
+func TestServeEndToEnd(t *testing.T) {
+	ck := testpolicy.Micro(t, "../..", 1)
+	trace := filepath.Join(t.TempDir(), "trace.jsonl")
+	// max_question_chars lets a question through that is too long in tokens.
+	p := startServe(t, append([]string{"--checkpoint", ck, "--trace", trace, "--set", "serve.max_question_chars=20000"}, serveSets...)...)
+	for _, path := range []string{"/healthz", "/readyz"} {
+		resp, err := http.Get(p.root() + path)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("GET %s: %v %v, want 200", path, resp, err)
+		}
+		resp.Body.Close()
+	}
+	resp, body := p.post(t, question("Who wrote Hamlet?", `"model":"recal-policy"`))
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	var c struct {
+		Object  string
+		Choices []struct {
+			Message      struct{ Role, Content string }
+			FinishReason string `json:"finish_reason"`
+		}
+		Usage struct {
+			PromptTokens     int `json:"prompt_tokens"`
+			CompletionTokens int `json:"completion_tokens"`
+		}
+		Recal struct {
+			End      string
+			Response string
+			Usage    struct {
+				PolicyPromptTokens     int `json:"policy_prompt_tokens"`
+				PolicyCompletionTokens int `json:"policy_completion_tokens"`
+			}
+		}
+	}
+	if err := json.Unmarshal(body, &c); err != nil || c.Object != "chat.completion" || len(c.Choices) != 1 {
+		t.Fatalf("not a chat.completion: %s", body)
+	}
+	if c.Recal.Usage.PolicyPromptTokens < 20 || c.Recal.Usage.PolicyCompletionTokens < 1 || c.Usage.PromptTokens < c.Recal.Usage.PolicyPromptTokens || c.Recal.Response == "" || c.Recal.End == "" {
+		t.Errorf("usage and recal object %s: want the policy's prompt and completion tokens, its response and why it ended", body)
+	}
+
+	hostile := []struct {
+		name   string
+		body   string
+		status int
+	}{
+		{"2 MiB body", question(strings.Repeat("x", 2<<20), ""), 413},
+		{"invalid JSON", `{"messages":`, 400},
+		{"no user message", `{"messages":[{"role":"system","content":"x"}]}`, 400},
+		{"50,000-character question", question(strings.Repeat("word ", 10000), ""), 400},
+		{"invalid UTF-8", "{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}", 400},
+		{"unknown model", question("q", `"recal":{"models":["gpt-99"]}`), 400},
+		{"n=3", question("q", `"n":3`), 400},
+		{"question longer than the policy's context", question(strings.Repeat("zebra quokka ", 1200), ""), 400},
+	}
+	for _, h := range hostile {
+		t.Run(h.name, func(t *testing.T) {
+			resp, b := p.post(t, h.body)
+			if resp.StatusCode != h.status || !bytes.Contains(b, []byte(`"error":{"message"`)) {
+				t.Errorf("status %d %s, want %d with an OpenAI error", resp.StatusCode, b, h.status)
+			}
+			if strings.Contains(h.name, "context") && !bytes.Contains(b, []byte("tokens")) {
+				t.Errorf("%s: want the backend's reason (the prompt's tokens against a row's)", b)
+			}
+		})
+	}
+
+	// A streaming client that hangs up after the first event.
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, p.url+"/chat/completions", strings.NewReader(question("Who painted the Mona Lisa?", `"stream":true`)))
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		resp.Body.Read(make([]byte, 1))
+		cancel()
+		resp.Body.Close()
+	}
+	cancel()
+	resp, body = p.post(t, question("Who wrote Hamlet?", `"stream":true,"stream_options":{"include_usage":true}`))
+	if resp.StatusCode != 200 || !bytes.HasSuffix(body, []byte("data: [DONE]\n\n")) || !bytes.Contains(body, []byte(`"choices":[],`)) {
+		t.Errorf("streamed request after a disconnect: %d %s", resp.StatusCode, body)
+	}
+	mresp, err := http.Get(p.root() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(mresp.Body)
+	mresp.Body.Close()
+	// 2 or 3 answered: the stream whose client hung up may have ended first.
+	if !regexp.MustCompile(`recal_serve_requests_total\{code="200",handler="/v1/chat/completions"\} [23]\n`).Match(metrics) {
+		t.Errorf("metrics do not count 2 or 3 answered requests:\n%s", metrics)
+	}
+	for _, want := range []string{`recal_serve_requests_total{code="413",handler="/v1/chat/completions"} 1`, "recal_serve_batch_rows 0", "recal_serve_queue_depth 0"} {
+		if !bytes.Contains(metrics, []byte(want)) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	<-p.done
+	if p.code != 0 {
+		t.Errorf("exit status %d after SIGTERM, want 0: %s", p.code, p.stderr.String())
+	}
+	lines, err := os.ReadFile(trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(lines), "\n"); n < 2 {
+		t.Errorf("trace has %d lines, want one per admitted request", n)
+	}
+	if strings.Contains(p.stderr.String(), "Who wrote Hamlet") {
+		t.Error("the access log holds a question although serve.log_content is false")
+	}
+	if !strings.Contains(p.stderr.String(), "request_id=") {
+		t.Errorf("stderr has no access log lines with request ids: %s", p.stderr.String())
+	}
+}
+
+// copyCheckpoint is the offline default's starting policy (make train's
+// runs/init/tiny): random, but its copy circuit repeats words of the
+// question, so that different questions get different responses.
+func copyCheckpoint(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "tiny")
+	code, _, stderr := runCLI(t, "--threads", "2", "policy", "init", "--preset", "tiny", "--tokenizer", "../../tokenizer/qwen2.5",
+		"--out", dir, "--seed", "0", "--trim-corpus", "../../data/qa", "--trim-corpus", "../../router", "--trim-corpus", "../../recal.toml",
+		"--trim-vocab", "4000", "--copy-circuit")
+	if code != 0 {
+		t.Fatalf("policy init: exit %d: %s", code, stderr)
+	}
+	return dir
+}
+
+// At temperature 0 the server answers exactly as recal eval's policy router
+// does for the same checkpoint, pool and question.
+func TestServeMatchesEval(t *testing.T) {
+	ck := copyCheckpoint(t)
+	questions := []string{"where does no game no life anime end?", "what languages are spoken in india the most?",
+		"who wrote old flames cant hold a candle to you?", "Who wrote Hamlet?"}
+	sets := []string{"policy.checkpoint=" + ck, "policy.threads=2"}
+	for i := 0; i+1 < len(serveSets); i += 2 {
+		if strings.HasPrefix(serveSets[i+1], "router.") {
+			sets = append(sets, serveSets[i+1])
+		}
+	}
+	cfg, err := config.Load("../../recal.toml", sets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := trainer.SetThreads(2); err != nil {
+		t.Fatal(err)
+	}
+	eng, err := trainer.OpenEngine(ck, torchbridge.Options{Device: "cpu", DType: "float32"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	env, err := trainer.NewEnv(cfg, eng, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.Close()
+	var want []trainer.QuestionResult
+	for _, q := range questions {
+		// The service shows simulated models the question alone (no id,
+		// dataset or golden answers); so does this example. A fresh
+		// environment per question: its prompt cache is keyed by id.
+		r, err := eval.NewRouter("policy", eval.Setup{Env: env.WithPrompt(env.Prompt, env.Router), Batch: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := r.Answer(context.Background(), []data.Example{{Question: q}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res[0].Response == "" {
+			t.Fatalf("eval's response to %q is empty: nothing to compare", q)
+		}
+		want = append(want, res[0])
+	}
+	distinct := map[string]bool{}
+	for _, w := range want {
+		distinct[w.Response] = true
+	}
+	if len(distinct) < 2 {
+		t.Fatalf("the policy answers every question alike (%q): the comparison would not tell questions apart", want[0].Response)
+	}
+	p := startServe(t, append([]string{"--checkpoint", ck}, serveSets...)...)
+	for i, q := range questions {
+		resp, body := p.post(t, question(q, `"temperature":0`))
+		var c struct {
+			Choices []struct{ Message struct{ Content string } }
+			Recal   struct{ Response string }
+		}
+		if resp.StatusCode != 200 || json.Unmarshal(body, &c) != nil || len(c.Choices) != 1 {
+			t.Fatalf("%q: status %d %s", q, resp.StatusCode, body)
+		}
+		t.Logf("%q: %q", q, c.Recal.Response)
+		if c.Recal.Response != want[i].Response || c.Choices[0].Message.Content != want[i].Answer {
+			t.Errorf("%q:\nserve answered %q with response %q,\neval answered  %q with response %q", q,
+				c.Choices[0].Message.Content, c.Recal.Response, want[i].Answer, want[i].Response)
+		}
+	}
+}
+
+// SIGTERM with 16 requests in flight: all 16 complete and the process
+// exits 0.
+func TestServeSIGTERM(t *testing.T) {
+	ck := testpolicy.Micro(t, "../..", 1)
+	// Long turns make each request last long enough to be caught in flight.
+	p := startServe(t, "--checkpoint", ck, "--set", "router.turn_tokens=160", "--set", "router.max_turns=1",
+		"--set", "serve.max_batch=4", "--set", "serve.max_queue=16", "--set", "serve.drain_timeout=5m")
+	codes := make(chan string, 16)
+	for i := range 16 {
+		go func() {
+			resp, err := http.Post(p.url+"/chat/completions", "application/json", strings.NewReader(question(fmt.Sprintf("Question number %d?", i), "")))
+			if err != nil {
+				codes <- err.Error()
+				return
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 || !bytes.Contains(b, []byte(`"chat.completion"`)) {
+				codes <- fmt.Sprintf("%d %s", resp.StatusCode, b)
+				return
+			}
+			codes <- "ok"
+		}()
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		resp, err := http.Get(p.root() + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st struct{ Active, Waiting int }
+		json.NewDecoder(resp.Body).Decode(&st)
+		resp.Body.Close()
+		if st.Active+st.Waiting == 16 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("16 requests never in flight together (%d decoding, %d waiting)", st.Active, st.Waiting)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	for range 16 {
+		if c := <-codes; c != "ok" {
+			t.Errorf("a request in flight at SIGTERM ended with %s, want a 200 completion", c)
+		}
+	}
+	select {
+	case <-p.done:
+	case <-time.After(time.Minute):
+		t.Fatal("recal serve did not exit within a minute of SIGTERM")
+	}
+	if p.code != 0 {
+		t.Errorf("exit status %d, want 0: %s", p.code, p.stderr.String())
+	}
+	if _, err := http.Get(p.root() + "/healthz"); err == nil {
+		t.Error("the server still answers after exiting")
+	}
+}
+
+// The official OpenAI SDK (npm package openai, scripts/e2e) drives the real
+// server: a plain request, a streamed one with include_usage, one
+// restricted with recal.models, and a refused one.
+func TestServeOpenAISDK(t *testing.T) {
+	node, err1 := exec.LookPath("node")
+	npm, err2 := exec.LookPath("npm")
+	if err1 != nil || err2 != nil {
+		t.Skip("node and npm are not installed: the OpenAI SDK end-to-end test needs them (scripts/e2e)")
+	}
+	e2e := filepath.Join("..", "..", "scripts", "e2e")
+	if _, err := os.Stat(filepath.Join(e2e, "node_modules", "openai", "package.json")); err != nil {
+		install := exec.Command(npm, "ci", "--no-audit", "--no-fund")
+		install.Dir = e2e
+		if out, err := install.CombinedOutput(); err != nil {
+			t.Fatalf("npm ci in scripts/e2e (installs the openai package from package-lock.json): %v\n%s", err, out)
+		}
+	}
+	ck := testpolicy.Micro(t, "../..", 1)
+	t.Setenv("RECAL_TEST_CLIENT_KEY", "e2e-token")
+	p := startServe(t, append([]string{"--checkpoint", ck, "--set", "serve.api_key_env=RECAL_TEST_CLIENT_KEY"}, serveSets...)...)
+	sdk := exec.Command(node, "sdk.mjs")
+	sdk.Dir = e2e
+	sdk.Env = append(os.Environ(), "RECAL_URL="+p.url, "RECAL_API_KEY=e2e-token")
+	var stderr bytes.Buffer
+	sdk.Stderr = &stderr
+	out, err := sdk.Output()
+	if err != nil {
+		t.Fatalf("sdk.mjs: %v: %s\nserver: %s", err, stderr.String(), p.stderr.String())
+	}
+	var summary struct {
+		Router string
+		Plain  struct {
+			Answer string
+			Usage  struct {
+				TotalTokens int `json:"total_tokens"`
+			}
+			Trace []any
+		}
+		Stream struct {
+			Answer string
+			Chunks int
+		}
+		UnknownModel struct{ Status int } `json:"unknown_model"`
+	}
+	if err := json.Unmarshal(out, &summary); err != nil {
+		t.Fatalf("sdk.mjs printed %q: %v", out, err)
+	}
+	if summary.Router != "recal-policy" || summary.Plain.Usage.TotalTokens == 0 || summary.Plain.Trace == nil ||
+		summary.Stream.Answer != summary.Plain.Answer || summary.Stream.Chunks < 3 || summary.UnknownModel.Status != 400 {
+		t.Errorf("the SDK saw %s", out)
+	}
+}
