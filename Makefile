@@ -52,9 +52,9 @@ INIT := runs/init/tiny/model.safetensors
 GOENV = CGO_CFLAGS="-O2 -DRECAL_LIB=$$(sha1sum $(LIB) | cut -c1-16)" CGO_LDFLAGS="$(TORCH_LDFLAGS)"
 
 # Pure-Go packages: they build and test without cgo or libtorch.
-PURE_PKGS := $(foreach d,internal/hfmodel config generate tokenizer data llmpool router calibration plot dist,$(if $(wildcard $(d)),./$(d)/...))
+PURE_PKGS := $(foreach d,internal/hfmodel config generate tokenizer data llmpool router calibration plot dist serve,$(if $(wildcard $(d)),./$(d)/...))
 
-.PHONY: all build deps test test-pure bench train clean fixtures
+.PHONY: all build deps test test-pure bench train clean fixtures e2e-serve
 
 all: build
 
@@ -86,6 +86,14 @@ test: deps $(LIB)
 bench: build $(INIT)
 	$(GOENV) $(GO) run ./bench -python $(PYTHON)
 	$(GOENV) $(GO) run ./bench/dist -python $(PYTHON)
+	$(GO) run ./bench/serve
+
+# The official OpenAI SDK (npm package openai, pinned in scripts/e2e) drives
+# a real `recal serve`: plain, streamed and restricted requests. Needs node
+# and npm; `make test` runs the same test (it installs the package itself).
+e2e-serve: deps $(LIB)
+	cd scripts/e2e && npm ci --no-audit --no-fund
+	$(GOENV) $(GO) test -count=1 -v -run '^TestServeOpenAISDK$$' ./cmd/recal
 
 # Its tokenizer is Qwen2.5's trimmed to the 4,000 tokens most frequent in the
 # vendored data and the protocol (instead of 151.9k ids), so the output head,

@@ -87,6 +87,10 @@ func runServe(ctx context.Context, cmd *cli.Command) error {
 	if err != nil {
 		return usageError{err}
 	}
+	// The pool's API-key variables are read now, before the port is taken.
+	if err := trainer.CheckPool(cfg); err != nil {
+		return err
+	}
 	var trace io.Writer
 	if p := cmd.String("trace"); p != "" {
 		f, err := os.OpenFile(p, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
