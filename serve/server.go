@@ -143,10 +143,10 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
+	var failed error
 	select {
-	case err := <-errc: // the listener failed
-		s.handlers.Wait()
-		return fmt.Errorf("serve: %w", err)
+	case err := <-errc: // the listener failed: drain what was accepted
+		failed = fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}
 	s.SetReady(false)
@@ -158,8 +158,13 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		hs.Close() // closing the connections cancels the requests' contexts
 		err = ErrDrainTimeout
 	}
-	<-errc // http.ErrServerClosed
-	s.handlers.Wait()
+	if failed == nil {
+		<-errc // http.ErrServerClosed
+	}
+	s.handlers.Wait() // the handlers cut by Close return once their rows are cancelled
+	if failed != nil {
+		return failed
+	}
 	return err
 }
 

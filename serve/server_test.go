@@ -455,6 +455,19 @@ func TestBadRequests(t *testing.T) {
 			}
 		})
 	}
+	t.Run("2 MiB chunked body", func(t *testing.T) {
+		// No Content-Length: the limit is found while reading.
+		req, _ := http.NewRequest(http.MethodPost, f.http.URL+"/v1/chat/completions", io.MultiReader(strings.NewReader(huge)))
+		resp, err := f.http.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if req.ContentLength != 0 || resp.StatusCode != 413 || !strings.Contains(string(b), `"code":"request_too_large"`) {
+			t.Errorf("status %d %s (content length %d), want 413 request_too_large", resp.StatusCode, b, req.ContentLength)
+		}
+	})
 	if n := len(f.backend.queries); n != 0 {
 		t.Errorf("%d bad requests reached the backend, want 0", n)
 	}
