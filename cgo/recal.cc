@@ -245,15 +245,9 @@ void set_trainable(rc_policy& p, bool on) {
   }
 }
 
-void ensure_optimizer(rc_policy& p) {
-  if (!p.exp_avg.empty()) return;
-  auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(p.device);
-  for (size_t i = 0; i < p.params.size(); i++) {
-    p.exp_avg.push_back(torch::zeros(p.params[i].sizes(), f32));
-    p.exp_avg_sq.push_back(torch::zeros(p.params[i].sizes(), f32));
-  }
-  if (p.dtype != torch::kFloat32)
-    for (auto& t : p.params) p.master.push_back(t.detach().to(torch::kFloat32).clone());
+// Names the optimizer tensors (state_names, state_name_ptrs) after the
+// parameters that have them.
+void name_state(rc_policy& p) {
   p.state_names.clear();
   for (auto& n : p.names) p.state_names.push_back("exp_avg/" + n);
   for (auto& n : p.names) p.state_names.push_back("exp_avg_sq/" + n);
@@ -261,6 +255,31 @@ void ensure_optimizer(rc_policy& p) {
     for (auto& n : p.names) p.state_names.push_back("master/" + n);
   p.state_name_ptrs.clear();
   for (auto& n : p.state_names) p.state_name_ptrs.push_back(n.c_str());
+}
+
+// Creates the optimizer state of the parameters that have none yet: zero
+// moments and, for non-float32 policies, a float32 master copy.
+void extend_optimizer(rc_policy& p) {
+  auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(p.device);
+  for (size_t i = p.exp_avg.size(); i < p.params.size(); i++) {
+    p.exp_avg.push_back(torch::zeros(p.params[i].sizes(), f32));
+    p.exp_avg_sq.push_back(torch::zeros(p.params[i].sizes(), f32));
+  }
+  if (p.dtype != torch::kFloat32)
+    for (size_t i = p.master.size(); i < p.params.size(); i++)
+      p.master.push_back(p.params[i].detach().to(torch::kFloat32).clone());
+  name_state(p);
+}
+
+void ensure_optimizer(rc_policy& p) {
+  if (!p.exp_avg.empty()) return;
+  extend_optimizer(p);
+}
+
+// The value head's output for hidden states h [N, H]: [N] float32 (with
+// autograd when h has it).
+Tensor value_of(const rc_policy& p, const Tensor& h) {
+  return torch::linear(h, p.P(p.value_w), p.P(p.value_b)).squeeze(-1).to(torch::kFloat32);
 }
 
 }  // namespace
@@ -420,9 +439,12 @@ int rc_policy_score(rc_policy* p, int64_t batch, int64_t len, const int32_t* tok
 
 int rc_policy_backward(rc_policy* p, int64_t batch, int64_t len, const int32_t* tokens, const int64_t* lengths,
                        const float* mask, const float* adv, const float* old_logp, const float* ref_logp,
-                       const rc_loss_opts* o, rc_loss_stats* stats, char** err) {
+                       const rc_ppo_inputs* ppo, const rc_loss_opts* o, rc_loss_stats* stats, char** err) {
   return guarded(err, [&] {
     if (!p->trainable) fail("backward on a frozen policy");
+    if (ppo && p->value_w < 0) fail("ppo loss: the policy has no value head (rc_policy_add_value_head)");
+    if (ppo && (!ppo->adv || !ppo->returns)) fail("ppo loss: per-token advantages and returns are required");
+    if (!ppo && !adv) fail("loss: no advantages");
     check_tokens(*p, batch * len, tokens);
     *stats = rc_loss_stats{};
     torch::AutoGradMode grad_on(true);
@@ -434,7 +456,9 @@ int rc_policy_backward(rc_policy* p, int64_t batch, int64_t len, const int32_t* 
     auto targets = tok.reshape({-1}).roll(-1).index_select(0, idx);
     auto w = device_tensor(*p, mask, {batch * len}, f32).index_select(0, idx);
     auto rows = idx.div(len, "floor");
-    auto a = device_tensor(*p, adv, {batch}, f32).index_select(0, rows);
+    // GRPO: one advantage per row; PPO: one per token.
+    auto a = ppo ? device_tensor(*p, ppo->adv, {batch * len}, f32).index_select(0, idx)
+                 : device_tensor(*p, adv, {batch}, f32).index_select(0, rows);
     Tensor old = old_logp ? device_tensor(*p, old_logp, {batch * len}, f32).index_select(0, idx) : Tensor();
     Tensor ref = ref_logp ? device_tensor(*p, ref_logp, {batch * len}, f32).index_select(0, idx) : Tensor();
 
@@ -470,11 +494,37 @@ int rc_policy_backward(rc_policy* p, int64_t batch, int64_t len, const int32_t* 
       return c * wn;
     };
     if (o->entropy_coef != 0) hg.ent_weight = ws * o->entropy_coef;
+    // PPO's clipped value loss (verl's compute_value_loss) on the same
+    // hidden states, with autograd through the value head and the trunk.
+    Tensor vl, vclip, vloss;
+    if (ppo) {
+      auto v = value_of(*p, h);
+      auto R = device_tensor(*p, ppo->returns, {batch * len}, f32).index_select(0, idx);
+      auto l1 = (v - R).pow(2);
+      vl = l1;
+      if (ppo->old_values && o->value_clip > 0) {
+        auto vo = device_tensor(*p, ppo->old_values, {batch * len}, f32).index_select(0, idx);
+        auto vc = torch::max(torch::min(v, vo + o->value_clip), vo - o->value_clip);
+        auto l2 = (vc - R).pow(2);
+        vl = torch::max(l1, l2);
+        vclip = (l2 > l1).to(f32);
+      }
+      vl = 0.5 * vl;
+      vloss = (vl * ws).sum() * o->vf_coef;
+    }
     Tensor lp, ent, hgrad;
     head(*p, h.detach(), targets, chunk, lp, ent, &hg, &hgrad);
-    torch::autograd::backward({h}, {hgrad});
+    if (ppo)
+      torch::autograd::backward({h, vloss}, {hgrad, torch::ones_like(vloss)});
+    else
+      torch::autograd::backward({h}, {hgrad});
     p->flush_grads();  // into the float32 sums: micro-batches accumulate in float32
     torch::NoGradGuard ng;
+    if (ppo) {
+      stats->value_loss = (vl.detach() * w).sum().item<double>();
+      if (vclip.defined()) stats->value_clipped = (vclip * w).sum().item<double>();
+      loss_all.add_(vl.detach() * ws * o->vf_coef);
+    }
     stats->loss = loss_all.sum().item<double>();
     stats->tokens = w.sum().item<double>();
     stats->clipped = (clip_all * w).sum().item<double>();
@@ -509,6 +559,37 @@ int rc_policy_backward_nll(rc_policy* p, int64_t batch, int64_t len, const int32
   });
 }
 
+int rc_policy_add_value_head(rc_policy* p, char** err) {
+  return guarded(err, [&] {
+    if (p->value_w >= 0) fail("the policy already has a value head");
+    torch::NoGradGuard ng;
+    p->value_w = p->add("value_head.weight", {1, p->cfg.hidden_size});
+    p->value_b = p->add("value_head.bias", {1});
+    for (int i : {p->value_w, p->value_b}) p->params[i].requires_grad_(p->trainable);
+    if (p->grad32.size() > 0) p->grad32.resize(p->params.size());
+    if (!p->exp_avg.empty()) extend_optimizer(*p);  // fresh moments for the head; the others' are kept
+  });
+}
+
+int rc_policy_values(rc_policy* p, int64_t batch, int64_t len, const int32_t* tokens, const int64_t* lengths,
+                     const float* mask, float* values, char** err) {
+  return guarded(err, [&] {
+    if (p->value_w < 0) fail("values: the policy has no value head (rc_policy_add_value_head)");
+    torch::NoGradGuard ng;
+    check_tokens(*p, batch * len, tokens);
+    std::memset(values, 0, sizeof(float) * batch * len);
+    auto tok = device_tensor(*p, tokens, {batch, len}, torch::kInt32).to(torch::kLong);
+    auto idx = scored_positions(*p, batch, len, lengths, mask);
+    if (idx.numel() == 0) return;
+    auto h = forward_full(*p, tok).reshape({batch * len, -1}).index_select(0, idx);
+    auto v = value_of(*p, h).to(torch::kCPU).contiguous();
+    auto idx_cpu = idx.to(torch::kCPU);
+    auto ii = idx_cpu.accessor<int64_t, 1>();
+    auto va = v.accessor<float, 1>();
+    for (int64_t i = 0; i < idx_cpu.size(0); i++) values[ii[i]] = va[i];
+  });
+}
+
 int rc_policy_step(rc_policy* p, const rc_adamw_opts* o, double* grad_norm, char** err) {
   return guarded(err, [&] {
     if (!p->trainable) fail("step on a frozen policy");
@@ -533,11 +614,13 @@ int rc_policy_step(rc_policy* p, const rc_adamw_opts* o, double* grad_norm, char
       if (!grads[i].defined()) continue;
       auto g = coef != 1.0 ? grads[i] * coef : grads[i];
       auto w = p->master.empty() ? p->params[i] : p->master[i];
-      w.mul_(1.0 - o->lr * o->weight_decay);
+      bool value = (int)i == p->value_w || (int)i == p->value_b;
+      double lr = value && o->value_lr > 0 ? o->value_lr : o->lr;
+      w.mul_(1.0 - lr * o->weight_decay);
       p->exp_avg[i].mul_(o->beta1).add_(g, 1.0 - o->beta1);
       p->exp_avg_sq[i].mul_(o->beta2).addcmul_(g, g, 1.0 - o->beta2);
       auto denom = (p->exp_avg_sq[i].sqrt() / std::sqrt(bc2)).add_(o->eps);
-      w.addcdiv_(p->exp_avg[i], denom, -o->lr / bc1);
+      w.addcdiv_(p->exp_avg[i], denom, -lr / bc1);
       if (!p->master.empty()) p->params[i].copy_(w);
     }
     p->clear_grads();

@@ -98,6 +98,8 @@ typedef struct rc_loss_opts {
   double entropy_coef;  /* entropy bonus coefficient (0 = none) */
   double scale;         /* multiplies the token sum: 1/(policy tokens in the mini-batch) */
   int64_t head_chunk;   /* tokens per lm_head chunk (bounds logits memory) */
+  double vf_coef;       /* weight of the value loss (PPO; used only with rc_ppo_inputs) */
+  double value_clip;    /* value clip ε_v around old_values (PPO; ≤ 0: no clip) */
 } rc_loss_opts;
 
 /* Statistics of one rc_policy_backward call, sums over masked tokens. */
@@ -108,7 +110,17 @@ typedef struct rc_loss_stats {
   double kl;            /* sum of k3 KL terms */
   double entropy;       /* sum of entropies */
   double ratio;         /* sum of ratios */
+  double value_loss;    /* PPO: sum of ½·max((V−R)², (clip(V)−R)²), before vf_coef and scale */
+  double value_clipped; /* PPO: tokens whose clipped value term was the larger */
 } rc_loss_stats;
+
+/* The per-token inputs of PPO's actor-critic loss, each [batch, len] laid
+ * out like mask (position t: the state before token t+1). */
+typedef struct rc_ppo_inputs {
+  const float* adv;         /* per-token advantages; they replace the per-row adv */
+  const float* returns;     /* value targets R */
+  const float* old_values;  /* values when the batch was scored (centre of the value clip); NULL: no clip */
+} rc_ppo_inputs;
 
 /* Computes the GRPO loss on [batch, len] tokens and accumulates gradients:
  * per token (mask[b,t] > 0, t indexes the predicted token t+1 as in score):
@@ -116,10 +128,32 @@ typedef struct rc_loss_stats {
  *   kl = exp(ref − logp) − (ref − logp) − 1          (when ref_logp != NULL)
  *   loss = Σ mask·(pg + kl_coef·kl − entropy_coef·H) · scale
  * adv is per row. old_logp may be NULL (then ρ = 1 with gradient, i.e. the
- * on-policy case). */
+ * on-policy case).
+ * With ppo != NULL (PPO with a value head, see rc_policy_add_value_head) A
+ * is ppo->adv per token (adv may be NULL) and the clipped value loss is
+ * added, V being the value head's output at the token's state:
+ *   vl = ½·max((V − R)², (clip(V, V_old − ε_v, V_old + ε_v) − R)²)
+ *   loss += Σ mask·vf_coef·vl · scale
+ * Its gradient reaches the value head and, through the shared trunk, the
+ * policy's weights. */
 int rc_policy_backward(rc_policy* p, int64_t batch, int64_t len, const int32_t* tokens, const int64_t* lengths,
                        const float* mask, const float* adv, const float* old_logp, const float* ref_logp,
-                       const rc_loss_opts* opts, rc_loss_stats* stats, char** err);
+                       const rc_ppo_inputs* ppo, const rc_loss_opts* opts, rc_loss_stats* stats, char** err);
+
+/* Adds PPO's value head to the policy: "value_head.weight" [1, hidden] and
+ * "value_head.bias" [1], zero-initialised (every value starts at 0), in the
+ * policy's dtype. They are parameters like the others (listed by
+ * rc_policy_param_info, read and written by name, trained, in the optimizer
+ * state, whose moments start at zero when it already exists). Fails when
+ * the policy already has one. */
+int rc_policy_add_value_head(rc_policy* p, char** err);
+
+/* The value head's output under no-grad, laid out like rc_policy_score:
+ * values[b, t] = V(state after tokens[b, :t+1]), the value of the state
+ * from which token t+1 is drawn, for t < lengths[b]-1 and, when mask is not
+ * NULL, mask[b, t] > 0; other positions are 0. */
+int rc_policy_values(rc_policy* p, int64_t batch, int64_t len, const int32_t* tokens, const int64_t* lengths,
+                     const float* mask, float* values, char** err);
 
 /* Supervised loss: mean negative log-likelihood over masked tokens, times
  * scale, with gradient accumulation. Returns the token sum of NLL in *nll. */
@@ -129,6 +163,7 @@ int rc_policy_backward_nll(rc_policy* p, int64_t batch, int64_t len, const int32
 /* AdamW hyper-parameters (PyTorch semantics, decoupled weight decay). */
 typedef struct rc_adamw_opts {
   double lr, beta1, beta2, eps, weight_decay, max_grad_norm; /* max_grad_norm <= 0: no clipping */
+  double value_lr; /* learning rate of the value head's parameters; <= 0: lr */
 } rc_adamw_opts;
 
 /* Clips the gradient norm, takes one AdamW step and zeroes the gradients.

@@ -60,6 +60,10 @@ struct rc_policy {
   std::unordered_map<std::string, int> index;
   std::vector<recal::Layer> layers;
   int embed = -1, norm = -1, lm_head = -1;  // lm_head == embed when tied
+  // PPO's value head (rc_policy_add_value_head): a linear layer hidden → 1
+  // on the final-norm hidden states, "value_head.weight" [1, H] and
+  // "value_head.bias" [1]; -1 when the policy has none.
+  int value_w = -1, value_b = -1;
   torch::Tensor inv_freq;                   // [head_dim/2] float32 on device
   bool trainable = true;
 

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"unsafe"
 
 	"github.com/recal-project/recal/internal/hfmodel"
@@ -301,18 +302,100 @@ func (p *Policy) Save(dir string) error {
 			return err
 		}
 	}
-	specs := make([]hfmodel.TensorSpec, len(p.params))
-	for i, pr := range p.params {
-		specs[i] = hfmodel.TensorSpec{Name: pr.Name, DType: st, Shape: pr.Shape}
+	// The value head (PPO) goes to its own file, so that model.safetensors
+	// holds exactly the Hugging Face model's tensors.
+	var specs, head []hfmodel.TensorSpec
+	for _, pr := range p.params {
+		spec := hfmodel.TensorSpec{Name: pr.Name, DType: st, Shape: pr.Shape}
+		if isValueHead(pr.Name) {
+			head = append(head, spec)
+		} else {
+			specs = append(specs, spec)
+		}
 	}
 	meta := map[string]string{"format": "pt"}
-	err = hfmodel.WriteSafetensors(filepath.Join(tmp, "model.safetensors"), specs, meta, func(i int, buf []byte) error {
-		return p.GetParam(specs[i].Name, st, buf)
+	for _, f := range []struct {
+		name  string
+		specs []hfmodel.TensorSpec
+	}{{"model.safetensors", specs}, {ValueHeadFile, head}} {
+		if len(f.specs) == 0 {
+			continue
+		}
+		err = hfmodel.WriteSafetensors(filepath.Join(tmp, f.name), f.specs, meta, func(i int, buf []byte) error {
+			return p.GetParam(f.specs[i].Name, st, buf)
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return replaceDir(tmp, dir)
+}
+
+// ValueHeadFile is the file of a checkpoint folder that holds the value head
+// (Save writes it beside model.safetensors when the policy has one).
+const ValueHeadFile = "value_head.safetensors"
+
+// isValueHead reports whether a parameter belongs to the value head.
+func isValueHead(name string) bool { return strings.HasPrefix(name, "value_head.") }
+
+// AddValueHead gives the policy PPO's value head: a linear layer from the
+// final-norm hidden state to one number, value_head.weight [1, hidden] and
+// value_head.bias [1], zero-initialised (every value starts at 0). It is
+// trained with the other parameters (Backward with Returns), has its own
+// AdamW state (fresh moments) and learning rate (AdamW.ValueLR), and Save
+// writes it to ValueHeadFile.
+func (p *Policy) AddValueHead() error {
+	if p.HasValueHead() {
+		return fmt.Errorf("torchbridge: the policy already has a value head")
+	}
+	err := p.call(context.Background(), func(h *C.rc_policy) error {
+		var msg *C.char
+		return status(C.rc_policy_add_value_head(h, &msg), msg)
 	})
 	if err != nil {
 		return err
 	}
-	return replaceDir(tmp, dir)
+	hs := p.cfg.HiddenSize
+	p.params = append(p.params, Param{Name: "value_head.weight", Shape: []int64{1, hs}}, Param{Name: "value_head.bias", Shape: []int64{1}})
+	return nil
+}
+
+// HasValueHead reports whether AddValueHead was called.
+func (p *Policy) HasValueHead() bool {
+	return slices.ContainsFunc(p.params, func(pr Param) bool { return isValueHead(pr.Name) })
+}
+
+// LoadValueHead reads the value head's tensors from a file Save wrote
+// (ValueHeadFile), converting them to the policy's dtype.
+func (p *Policy) LoadValueHead(path string) error {
+	if !p.HasValueHead() {
+		return fmt.Errorf("torchbridge: %s: the policy has no value head to load into (AddValueHead)", path)
+	}
+	w, err := hfmodel.OpenWeightsFile(path)
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	for _, pr := range p.params {
+		if !isValueHead(pr.Name) {
+			continue
+		}
+		t, ok := w.Lookup(pr.Name)
+		if !ok {
+			return fmt.Errorf("torchbridge: %s: tensor %q is missing", path, pr.Name)
+		}
+		if !slices.Equal(t.Shape, pr.Shape) {
+			return fmt.Errorf("torchbridge: %s: tensor %q: shape %v, want %v", path, pr.Name, t.Shape, pr.Shape)
+		}
+		b, err := w.Read(t)
+		if err != nil {
+			return err
+		}
+		if err := p.SetParam(pr.Name, t.DType, b); err != nil {
+			return fmt.Errorf("torchbridge: %s: %w", path, err)
+		}
+	}
+	return nil
 }
 
 // SaveOptimizer writes the AdamW state (moments, master weights, step) as a

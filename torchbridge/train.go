@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"runtime"
 )
 
 // padded lays out ragged sequences as a right-padded [batch, width] matrix.
@@ -100,6 +101,14 @@ type Sequence struct {
 	Advantage float32
 	OldLogp   []float32 // log-probs under the rollout policy; nil = on-policy (ρ = 1)
 	RefLogp   []float32 // log-probs under the reference policy; nil = no KL term
+
+	// PPO (a policy with a value head): per-token advantages, which replace
+	// Advantage, the value targets R and the values V_old the batch was
+	// scored with (the centre of the value clip; nil = no clip). Given for
+	// every sequence of a Backward call or for none; nil Returns = GRPO.
+	TokenAdv  []float32
+	Returns   []float32
+	OldValues []float32
 }
 
 // LossOptions configure the clipped policy-gradient loss.
@@ -109,11 +118,16 @@ type LossOptions struct {
 	EntropyCoef float64 // entropy bonus coefficient
 	Scale       float64 // multiplies the token sum; 1/(policy tokens of the mini-batch) gives a token mean
 	HeadChunk   int     // tokens per lm_head chunk (0 = 1024)
+	VFCoef      float64 // PPO: weight of the value loss
+	ValueClip   float64 // PPO: value clip ε_v around OldValues (≤ 0: no clip)
 }
 
 // LossStats are sums over the masked tokens of one Backward call.
 type LossStats struct {
 	Loss, Tokens, Clipped, KL, Entropy, Ratio float64
+	// PPO: the sum of ½·max((V−R)², (clip(V)−R)²) (before VFCoef and Scale)
+	// and the tokens whose clipped value term was the larger.
+	ValueLoss, ValueClipped float64
 }
 
 // Add accumulates s2 into s.
@@ -124,12 +138,19 @@ func (s *LossStats) Add(s2 LossStats) {
 	s.KL += s2.KL
 	s.Entropy += s2.Entropy
 	s.Ratio += s2.Ratio
+	s.ValueLoss += s2.ValueLoss
+	s.ValueClipped += s2.ValueClipped
 }
 
 // Backward computes the GRPO loss of seqs and accumulates its gradients:
 // per masked token, −min(ρA, clip(ρ, 1−ε, 1+ε)A) + kl_coef·k3 − entropy_coef·H,
 // summed and multiplied by opt.Scale. Gradients of successive calls add up in
 // float32 whatever the policy's dtype. Call Step after the last micro-batch.
+//
+// With Returns (PPO; the policy needs a value head, AddValueHead) A is the
+// token's TokenAdv and the clipped value loss
+// VFCoef·½·max((V−R)², (clip(V, V_old±ValueClip)−R)²) of each masked token is
+// added to the sum (docs/method.md, "PPO").
 func (p *Policy) Backward(ctx context.Context, seqs []Sequence, opt LossOptions) (LossStats, error) {
 	toks := make([][]int32, len(seqs))
 	for i, s := range seqs {
@@ -148,6 +169,13 @@ func (p *Policy) Backward(ctx context.Context, seqs []Sequence, opt LossOptions)
 	}
 	if seqs[0].RefLogp != nil {
 		ref = make([]float32, n)
+	}
+	var tadv, ret, oldv []float32 // PPO
+	if seqs[0].Returns != nil {
+		tadv, ret = make([]float32, n), make([]float32, n)
+		if seqs[0].OldValues != nil {
+			oldv = make([]float32, n)
+		}
 	}
 	for b, s := range seqs {
 		if len(s.Mask) != len(s.Tokens) {
@@ -169,18 +197,90 @@ func (p *Policy) Backward(ctx context.Context, seqs []Sequence, opt LossOptions)
 			pd.shift(b, s.RefLogp, ref)
 		}
 		adv[b] = s.Advantage
+		if (s.Returns != nil) != (ret != nil) || (s.OldValues != nil) != (oldv != nil) {
+			return LossStats{}, fmt.Errorf("torchbridge: sequence %d: Returns/OldValues must be given for all sequences or none", b)
+		}
+		if ret != nil {
+			if s.TokenAdv == nil {
+				return LossStats{}, fmt.Errorf("torchbridge: sequence %d: PPO needs TokenAdv beside Returns", b)
+			}
+			for _, v := range [][]float32{s.TokenAdv, s.Returns, s.OldValues} {
+				if v != nil && len(v) != len(s.Tokens) {
+					return LossStats{}, fmt.Errorf("torchbridge: sequence %d: PPO inputs have %d entries for %d tokens", b, len(v), len(s.Tokens))
+				}
+			}
+			pd.shift(b, s.TokenAdv, tadv)
+			pd.shift(b, s.Returns, ret)
+			if oldv != nil {
+				pd.shift(b, s.OldValues, oldv)
+			}
+		}
 	}
 	co := C.rc_loss_opts{clip_eps: C.double(opt.ClipEps), kl_coef: C.double(opt.KLCoef),
-		entropy_coef: C.double(opt.EntropyCoef), scale: C.double(opt.Scale), head_chunk: C.int64_t(opt.HeadChunk)}
+		entropy_coef: C.double(opt.EntropyCoef), scale: C.double(opt.Scale), head_chunk: C.int64_t(opt.HeadChunk),
+		vf_coef: C.double(opt.VFCoef), value_clip: C.double(opt.ValueClip)}
 	var st C.rc_loss_stats
 	err = p.call(ctx, func(h *C.rc_policy) error {
 		var msg *C.char
+		var ppo *C.rc_ppo_inputs
+		if ret != nil {
+			// The struct is Go memory holding Go pointers: they must be pinned.
+			var pin runtime.Pinner
+			defer pin.Unpin()
+			for _, v := range [][]float32{tadv, ret, oldv} {
+				if len(v) > 0 {
+					pin.Pin(&v[0])
+				}
+			}
+			ppo = &C.rc_ppo_inputs{adv: ptrF32(tadv), returns: ptrF32(ret), old_values: ptrF32(oldv)}
+		}
 		rc := C.rc_policy_backward(h, C.int64_t(pd.batch), C.int64_t(pd.width), ptrI32(pd.tokens), ptrI64(pd.lengths),
-			ptrF32(mask), ptrF32(adv), ptrF32(old), ptrF32(ref), &co, &st, &msg)
+			ptrF32(mask), ptrF32(adv), ptrF32(old), ptrF32(ref), ppo, &co, &st, &msg)
 		return status(rc, msg)
 	})
 	return LossStats{Loss: float64(st.loss), Tokens: float64(st.tokens), Clipped: float64(st.clipped),
-		KL: float64(st.kl), Entropy: float64(st.entropy), Ratio: float64(st.ratio)}, err
+		KL: float64(st.kl), Entropy: float64(st.entropy), Ratio: float64(st.ratio),
+		ValueLoss: float64(st.value_loss), ValueClipped: float64(st.value_clipped)}, err
+}
+
+// Values returns, for each sequence, the value head's estimate of the state
+// from which each token was drawn, indexed by token like ScoreMasked:
+// values[b][t] is V(tokens[b][:t]), computed only for tokens whose mask is
+// > 0 (masks nil: every token); index 0 and the others are 0. No gradients
+// are kept. The policy needs a value head (AddValueHead).
+func (p *Policy) Values(ctx context.Context, seqs [][]int32, masks [][]float32) ([][]float32, error) {
+	pd, err := pad(seqs)
+	if err != nil {
+		return nil, err
+	}
+	var cmask []float32
+	if masks != nil {
+		cmask = make([]float32, pd.batch*pd.width)
+		for b := range seqs {
+			if len(masks[b]) != len(seqs[b]) {
+				return nil, fmt.Errorf("torchbridge: sequence %d: mask has %d entries for %d tokens", b, len(masks[b]), len(seqs[b]))
+			}
+			pd.shift(b, masks[b], cmask)
+		}
+	}
+	vals := make([]float32, pd.batch*pd.width)
+	err = p.call(ctx, func(h *C.rc_policy) error {
+		var msg *C.char
+		rc := C.rc_policy_values(h, C.int64_t(pd.batch), C.int64_t(pd.width), ptrI32(pd.tokens), ptrI64(pd.lengths),
+			ptrF32(cmask), ptrF32(vals), &msg)
+		return status(rc, msg)
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make([][]float32, pd.batch)
+	for b, s := range seqs {
+		out[b] = make([]float32, len(s))
+		for t := 1; t < len(s); t++ {
+			out[b][t] = vals[b*pd.width+t-1]
+		}
+	}
+	return out, nil
 }
 
 // BackwardNLL accumulates the gradient of scale × (sum of −log p over masked
@@ -216,6 +316,7 @@ func (p *Policy) BackwardNLL(ctx context.Context, seqs [][]int32, masks [][]floa
 type AdamW struct {
 	LR, Beta1, Beta2, Eps, WeightDecay float64
 	MaxGradNorm                        float64 // ≤ 0: no clipping
+	ValueLR                            float64 // learning rate of the value head (AddValueHead); ≤ 0: LR
 }
 
 // Step clips the accumulated gradient to MaxGradNorm, applies one AdamW
@@ -225,7 +326,7 @@ type AdamW struct {
 // must count and report it.
 func (p *Policy) Step(ctx context.Context, o AdamW) (gradNorm float64, err error) {
 	co := C.rc_adamw_opts{lr: C.double(o.LR), beta1: C.double(o.Beta1), beta2: C.double(o.Beta2), eps: C.double(o.Eps),
-		weight_decay: C.double(o.WeightDecay), max_grad_norm: C.double(o.MaxGradNorm)}
+		weight_decay: C.double(o.WeightDecay), max_grad_norm: C.double(o.MaxGradNorm), value_lr: C.double(o.ValueLR)}
 	var gn C.double
 	err = p.call(ctx, func(h *C.rc_policy) error {
 		var msg *C.char
