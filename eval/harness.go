@@ -51,6 +51,9 @@ func Run(ctx context.Context, s Setup, qs []data.Example, routers []string, outD
 		if err != nil {
 			return Table{}, err
 		}
+		if c, ok := r.(io.Closer); ok {
+			defer c.Close() // a router holding its own policy (sft)
+		}
 		path := filepath.Join(outDir, "results-"+name+".jsonl")
 		id, err := identityOf(name, s, memo)
 		if err != nil {

@@ -97,6 +97,23 @@ var inputParts = map[string]func(s Setup) (any, error){
 			FailureText   string
 		}{models, s.Pool.MaxQueryChars, s.Pool.FailureText}, nil
 	},
+	// cot: the protocol's limits and the chain-of-thought template's text.
+	"cot": func(s Setup) (any, error) {
+		rc := s.Env.Router
+		tmpl, err := fileDigest(cotTemplate(s))
+		if err != nil {
+			return nil, err
+		}
+		return struct {
+			TurnTokens int
+			Prompt     string
+		}{rc.TurnTokens, tmpl}, nil
+	},
+	// sft: the sha256 of the SFT-direct checkpoint's files.
+	"sft": func(s Setup) (any, error) { return CheckpointDigest(s.SFTCheckpoint) },
+	// decompose: the version of the decomposition's prompts and parsing
+	// (decompose.go), so that changing them starts those results afresh.
+	"decompose": func(s Setup) (any, error) { return decomposeVersion, nil },
 	// seed: the seed of the random router's draws.
 	"seed": func(s Setup) (any, error) { return s.Seed, nil },
 	// largest: the model the largest router asks (and the prompt router's default selector).

@@ -37,6 +37,11 @@ type Setup struct {
 	Selector string       // pool model the "prompt" router asks ("" = Largest)
 	KNNLog   string       // rollouts.jsonl with logged outcomes for "knn"
 	KNNK     int          // neighbours for "knn"
+	// CoTTemplate is the cot router's prompt template ("" = CoTTemplateName
+	// beside router.prompt_template).
+	CoTTemplate string
+	// SFTCheckpoint is the sft router's checkpoint (recal train-sft-direct).
+	SFTCheckpoint string
 	// Pool is the configuration Env's pool was built from; its part that
 	// decides answers keys the results files (see identity.go).
 	Pool llmpool.Config
@@ -60,6 +65,10 @@ var Routers = map[string]Spec{
 		Inputs: []string{"checkpoint", "policy", "router", "pool"}},
 	// direct: the policy answers alone: no model is listed and no call is made.
 	"direct": {New: newDirect, Inputs: []string{"checkpoint", "policy", "router"}},
+	// cot: the policy answers alone after thinking step by step (cot.go).
+	"cot": {New: newCoT, Inputs: []string{"checkpoint", "policy", "cot"}},
+	// sft: the SFT-direct checkpoint (--sft-checkpoint) answers alone (cot.go).
+	"sft": {New: newSFT, Inputs: []string{"sft", "policy", "router"}},
 	// largest: the pool's largest model (highest output price, or --largest) answers every question directly.
 	"largest": {New: func(s Setup) (Router, error) {
 		m, err := largest(s)
@@ -80,6 +89,12 @@ var Routers = map[string]Spec{
 	// knn: the k nearest logged training questions (token-set cosine); the
 	// model with the best mean answer F1 on them answers directly.
 	"knn": {New: newKNN, Inputs: []string{"pool", "knn"}},
+	// prompt-decomp, knn-decomp: prompt and knn with task decomposition
+	// (Table 1's Prompt LLM* and KNN Router*): the selector splits the
+	// question, each sub-question is routed and answered, the selector
+	// composes the answer (decompose.go).
+	"prompt-decomp": {New: withDecomposition(newPromptRouter), Inputs: []string{"pool", "largest", "selector", "decompose"}},
+	"knn-decomp":    {New: withDecomposition(newKNN), Inputs: []string{"pool", "largest", "selector", "knn", "decompose"}},
 }
 
 // RouterNames lists the registered routers.
@@ -203,21 +218,48 @@ type promptRouter struct {
 }
 
 func newPromptRouter(s Setup) (Router, error) {
-	sel := s.Selector
-	if sel == "" {
-		var err error
-		if sel, err = largest(s); err != nil {
-			return nil, err
-		}
-	} else if m, ok := s.Env.Pool.Lookup(sel); ok {
-		sel = m.Name
-	} else {
-		return nil, fmt.Errorf("eval: --selector %q is not a pool model", sel)
+	sel, err := selectorOf(s)
+	if err != nil {
+		return nil, err
 	}
 	return promptRouter{s: s, selector: sel}, nil
 }
 
+// selectorOf is the pool model asked to select (and, with decomposition,
+// to split and compose): --selector, else the largest.
+func selectorOf(s Setup) (string, error) {
+	if s.Selector == "" {
+		return largest(s)
+	}
+	if m, ok := s.Env.Pool.Lookup(s.Selector); ok {
+		return m.Name, nil
+	}
+	return "", fmt.Errorf("eval: --selector %q is not a pool model", s.Selector)
+}
+
 func (r promptRouter) Answer(ctx context.Context, qs []data.Example) ([]trainer.QuestionResult, error) {
+	questions := make([]string, len(qs))
+	for i, q := range qs {
+		questions[i] = q.Question
+	}
+	picks, sel, err := r.pickFor(ctx, qs, questions)
+	if err != nil {
+		return nil, err
+	}
+	out, err := directAnswers(ctx, r.s.Env.Pool, qs, picks)
+	if err != nil {
+		return nil, err
+	}
+	for i := range out { // the selection call counts too
+		out[i].Calls = append(sel[i], out[i].Calls...)
+		out[i].Cost += sel[i][0].Cost
+	}
+	return out, nil
+}
+
+// pickFor asks the selector which model should answer queries[i] (a
+// question of qs[i] or a sub-question of it); the selection is one call.
+func (r promptRouter) pickFor(ctx context.Context, qs []data.Example, queries []string) ([]string, [][]router.Call, error) {
 	models := r.s.Env.Pool.Models()
 	var list strings.Builder
 	for _, m := range models {
@@ -227,23 +269,19 @@ func (r promptRouter) Answer(ctx context.Context, qs []data.Example) ([]trainer.
 	for i, q := range qs {
 		qq := trainer.Question(q)
 		reqs[i] = llmpool.Request{Model: r.selector, Question: &qq,
-			Query: "Which one of these models should answer the question? Reply with its name only.\n" + list.String() + "Question: " + q.Question}
+			Query: "Which one of these models should answer the question? Reply with its name only.\n" + list.String() + "Question: " + queries[i]}
 	}
 	sel := r.s.Env.Pool.CallBatch(ctx, reqs)
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
 	picks := make([]string, len(qs))
+	calls := make([][]router.Call, len(qs))
 	for i := range qs {
 		picks[i] = firstModelIn(sel[i].Text, models)
+		calls[i] = []router.Call{{Model: sel[i].Model, Query: reqs[i].Query, Reply: sel[i].Text, Failed: sel[i].Failed, Cost: sel[i].Cost, Latency: sel[i].Latency}}
 	}
-	out, err := directAnswers(ctx, r.s.Env.Pool, qs, picks)
-	if err != nil {
-		return nil, err
-	}
-	for i := range out { // the selection call counts too
-		c := router.Call{Model: sel[i].Model, Query: reqs[i].Query, Reply: sel[i].Text, Failed: sel[i].Failed, Cost: sel[i].Cost, Latency: sel[i].Latency}
-		out[i].Calls = append([]router.Call{c}, out[i].Calls...)
-		out[i].Cost += sel[i].Cost
-	}
-	return out, nil
+	return picks, calls, nil
 }
 
 // firstModelIn returns the pool model whose name appears first in text
@@ -326,9 +364,20 @@ func newKNN(s Setup) (Router, error) {
 }
 
 func (r *knnRouter) Answer(ctx context.Context, qs []data.Example) ([]trainer.QuestionResult, error) {
-	picks := make([]string, len(qs))
+	questions := make([]string, len(qs))
 	for i, q := range qs {
-		v := wordVector(q.Question)
+		questions[i] = q.Question
+	}
+	picks, _, _ := r.pickFor(ctx, qs, questions)
+	return directAnswers(ctx, r.s.Env.Pool, qs, picks)
+}
+
+// pickFor routes queries[i] (a question or a sub-question) by its nearest
+// logged training questions; no call is made.
+func (r *knnRouter) pickFor(_ context.Context, qs []data.Example, queries []string) ([]string, [][]router.Call, error) {
+	picks := make([]string, len(qs))
+	for i, q := range queries {
+		v := wordVector(q)
 		type nb struct {
 			sim float64
 			i   int
@@ -350,7 +399,7 @@ func (r *knnRouter) Answer(ctx context.Context, qs []data.Example) ([]trainer.Qu
 			picks[i] = r.s.Env.Pool.Models()[0].Name
 		}
 	}
-	return directAnswers(ctx, r.s.Env.Pool, qs, picks)
+	return picks, make([][]router.Call, len(qs)), nil
 }
 
 func bestModel(scores map[string][2]float64, fallback string) string {

@@ -118,18 +118,29 @@ type sftLine struct {
 }
 
 // runSFT is the supervised warm-up: maximum likelihood of the policy tokens
-// of format demonstrations, AdamW with grad-norm clipping and a learning rate
-// decaying linearly from sft.lr to zero.
+// of format demonstrations (BuildDemos), fitted by fitDemos.
 func runSFT(ctx context.Context, cfg config.Config, env *Env, train []data.Example, run *runDir, log *slog.Logger) error {
+	build := func(step int, qs []data.Example) ([]Demo, error) {
+		return BuildDemos(ctx, env, qs, cfg.Train.Seed+int64(step), float32(cfg.SFT.AnswerWeight))
+	}
+	return fitDemos(ctx, cfg, env.Engine.Policy, train, "sft", build, func(l sftLine) error { return writeJSONLine(run.sft, l) }, log)
+}
+
+// fitDemos runs sft.steps steps of maximum likelihood of the policy tokens
+// (weighted by each demonstration's mask) of the demonstrations build makes
+// from each batch of sft.batch_size training questions: AdamW with
+// grad-norm clipping and a learning rate decaying linearly from sft.lr to
+// zero. record receives one line per step, tagged with stage.
+func fitDemos(ctx context.Context, cfg config.Config, p *torchbridge.Policy, train []data.Example, stage string,
+	build func(step int, qs []data.Example) ([]Demo, error), record func(sftLine) error, log *slog.Logger) error {
 	sampler, err := data.NewSampler(train, cfg.Train.Seed+1)
 	if err != nil {
 		return err
 	}
 	tc := cfg.Train
 	adam := torchbridge.AdamW{LR: cfg.SFT.LR, Beta1: tc.Beta1, Beta2: tc.Beta2, Eps: tc.AdamEps, WeightDecay: tc.WeightDecay, MaxGradNorm: tc.MaxGradNorm}
-	p := env.Engine.Policy
 	for step := 1; step <= cfg.SFT.Steps; step++ {
-		demos, err := BuildDemos(ctx, env, sampler.Next(cfg.SFT.BatchSize), tc.Seed+int64(step), float32(cfg.SFT.AnswerWeight))
+		demos, err := build(step, sampler.Next(cfg.SFT.BatchSize))
 		if err != nil {
 			return err
 		}
@@ -168,11 +179,11 @@ func runSFT(ctx context.Context, cfg config.Config, env *Env, train []data.Examp
 		if _, err := p.Step(ctx, adam); err != nil {
 			return err
 		}
-		if err := writeJSONLine(run.sft, sftLine{Stage: "sft", Step: step, NLL: nll / total, Tokens: tokens, Demos: len(seqs)}); err != nil {
+		if err := record(sftLine{Stage: stage, Step: step, NLL: nll / total, Tokens: tokens, Demos: len(seqs)}); err != nil {
 			return err
 		}
 		if step%20 == 0 || step == cfg.SFT.Steps {
-			log.Info("sft", "step", step, "of", cfg.SFT.Steps, "nll", fmt.Sprintf("%.3f", nll/total))
+			log.Info(stage, "step", step, "of", cfg.SFT.Steps, "nll", fmt.Sprintf("%.3f", nll/total))
 		}
 	}
 	return nil

@@ -32,6 +32,8 @@ func evalFlags() []cli.Flag {
 		&cli.StringFlag{Name: "selector", Usage: "pool model the prompt router asks (default: the largest)"},
 		&cli.StringFlag{Name: "knn-log", Usage: "rollouts.jsonl of a training run for the knn router (default: the checkpoint's run)"},
 		&cli.IntFlag{Name: "knn-k", Value: 10, Usage: "neighbours of the knn router"},
+		&cli.StringFlag{Name: "sft-checkpoint", Usage: "checkpoint of the sft router, made by recal train-sft-direct"},
+		&cli.StringFlag{Name: "cot-template", Usage: "prompt template of the cot router (default: " + eval.CoTTemplateName + " beside router.prompt_template)"},
 	}
 }
 
@@ -132,7 +134,8 @@ func evalSetup(cmd *cli.Command, cfg config.Config, checkpoint string, qs []data
 	}
 	knnLog := knnLogOf(cmd, checkpoint)
 	s := eval.Setup{Env: env, Batch: cfg.Eval.Batch, Seed: cfg.Train.Seed, Largest: cmd.String("largest"),
-		Selector: cmd.String("selector"), KNNLog: knnLog, KNNK: int(cmd.Int("knn-k")), Pool: cfg.Pool}
+		Selector: cmd.String("selector"), KNNLog: knnLog, KNNK: int(cmd.Int("knn-k")), Pool: cfg.Pool,
+		SFTCheckpoint: cmd.String("sft-checkpoint"), CoTTemplate: cmd.String("cot-template")}
 	return s, func() { env.Close(); eng.Close() }, nil
 }
 
