@@ -14,8 +14,10 @@ import (
 
 	"github.com/BurntSushi/toml"
 
+	"github.com/recal-project/recal/baselines"
 	"github.com/recal-project/recal/calibration"
 	"github.com/recal-project/recal/data"
+	"github.com/recal-project/recal/embed"
 	"github.com/recal-project/recal/llmpool"
 	"github.com/recal-project/recal/router"
 )
@@ -32,6 +34,12 @@ type Config struct {
 	SFT         SFT                `toml:"sft"`
 	Eval        Eval               `toml:"eval"`
 	Serve       Serve              `toml:"serve"`
+	// Embedding is how the baseline routers embed questions ([embedding]).
+	Embedding embed.Config `toml:"embedding"`
+	// Baselines holds the trainable baseline routers' hyper-parameters
+	// ([baselines.mlp], [baselines.routellm_mf], [baselines.routerdc],
+	// [baselines.graphrouter]).
+	Baselines baselines.Config `toml:"baselines"`
 }
 
 // Train configures GRPO training ([train]). Paper defaults: batch 64,
@@ -146,9 +154,11 @@ func Default() Config {
 			LR: 1e-6, WeightDecay: 0.01, Beta1: 0.9, Beta2: 0.999, AdamEps: 1e-8, MaxGradNorm: 1, ClipEps: 0.2,
 			KLCoef: 0.001, EMADecay: 0.9, CheckpointEvery: 25, ValidateEvery: 25, HeadChunk: 1024, LogEvery: 10,
 			ResetOptimizerAfterSFT: true, MaxSkippedUpdates: 3},
-		SFT:   SFT{Steps: 0, BatchSize: 16, LR: 1e-4, AnswerWeight: 1},
-		Eval:  Eval{Batch: 64},
-		Serve: DefaultServe(),
+		SFT:       SFT{Steps: 0, BatchSize: 16, LR: 1e-4, AnswerWeight: 1},
+		Eval:      Eval{Batch: 64},
+		Serve:     DefaultServe(),
+		Embedding: embed.DefaultConfig(),
+		Baselines: baselines.DefaultConfig(),
 	}
 }
 
@@ -268,6 +278,12 @@ func (c *Config) Validate() error {
 		return err
 	}
 	if err := c.Serve.Validate(); err != nil {
+		return err
+	}
+	if err := c.Embedding.Validate(); err != nil {
+		return err
+	}
+	if err := c.Baselines.Validate(); err != nil {
 		return err
 	}
 	t := c.Train

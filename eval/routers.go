@@ -18,6 +18,7 @@ import (
 	"strings"
 
 	"github.com/recal-project/recal/data"
+	"github.com/recal-project/recal/embed"
 	"github.com/recal-project/recal/llmpool"
 	"github.com/recal-project/recal/router"
 	"github.com/recal-project/recal/trainer"
@@ -42,6 +43,12 @@ type Setup struct {
 	CoTTemplate string
 	// SFTCheckpoint is the sft router's checkpoint (recal train-sft-direct).
 	SFTCheckpoint string
+	// RouterDir holds one folder per fitted baseline router (recal fit
+	// --router-dir); Embedding and EmbeddingCache are the [embedding] table
+	// and disk-cache folder they embed questions with (fitted.go).
+	RouterDir      string
+	Embedding      embed.Config
+	EmbeddingCache string
 	// Pool is the configuration Env's pool was built from; its part that
 	// decides answers keys the results files (see identity.go).
 	Pool llmpool.Config
@@ -89,6 +96,14 @@ var Routers = map[string]Spec{
 	// knn: the k nearest logged training questions (token-set cosine); the
 	// model with the best mean answer F1 on them answers directly.
 	"knn": {New: newKNN, Inputs: []string{"pool", "knn"}},
+	// mlp, routellm-mf, routerdc, graphrouter: the trainable baselines of
+	// package baselines (RouterBench's MLP, RouteLLM's matrix factorisation,
+	// RouterDC, GraphRouter), fitted by `recal fit` into --router-dir/<name>;
+	// the model each picks answers directly (fitted.go).
+	"mlp":         fittedSpec("mlp"),
+	"routellm-mf": fittedSpec("routellm-mf"),
+	"routerdc":    fittedSpec("routerdc"),
+	"graphrouter": fittedSpec("graphrouter"),
 	// prompt-decomp, knn-decomp: prompt and knn with task decomposition
 	// (Table 1's Prompt LLM* and KNN Router*): the selector splits the
 	// question, each sub-question is routed and answered, the selector

@@ -399,6 +399,7 @@ type evalChoices struct {
 	routersSet                             bool // --routers was given (else knn is dropped when it has no log)
 	extraModels, largest, selector, knnLog string
 	out                                    string
+	routerDir                              string // --router-dir of the fitted baseline routers
 }
 
 // dryRunEval is `recal eval --dry-run`: what evalSetup and eval.Run would use.
@@ -441,6 +442,11 @@ func dryRunEval(w io.Writer, cfg config.Config, configPath, checkpoint string, s
 		case s.knnLog == "":
 			s.routers = slices.DeleteFunc(slices.Clone(s.routers), func(r string) bool { return r == "knn" })
 			p.line("             (knn skipped: no --knn-log and no rollouts.jsonl beside the checkpoint)")
+		}
+	}
+	for _, r := range s.routers {
+		if err := checkFitted(cfg, r, s.routerDir); err != nil {
+			p.problem("--routers: %v", err)
 		}
 	}
 	p.line("routers      %s", strings.Join(s.routers, ", "))

@@ -32,6 +32,7 @@ func evalFlags() []cli.Flag {
 		&cli.StringFlag{Name: "selector", Usage: "pool model the prompt router asks (default: the largest)"},
 		&cli.StringFlag{Name: "knn-log", Usage: "rollouts.jsonl of a training run for the knn router (default: the checkpoint's run)"},
 		&cli.IntFlag{Name: "knn-k", Value: 10, Usage: "neighbours of the knn router"},
+		&cli.StringFlag{Name: "router-dir", Usage: "folder of the fitted baseline routers (mlp, routellm-mf, routerdc, graphrouter), one sub-folder each, made by recal fit"},
 		&cli.StringFlag{Name: "sft-checkpoint", Usage: "checkpoint of the sft router, made by recal train-sft-direct"},
 		&cli.StringFlag{Name: "cot-template", Usage: "prompt template of the cot router (default: " + eval.CoTTemplateName + " beside router.prompt_template)"},
 	}
@@ -135,7 +136,8 @@ func evalSetup(cmd *cli.Command, cfg config.Config, checkpoint string, qs []data
 	knnLog := knnLogOf(cmd, checkpoint)
 	s := eval.Setup{Env: env, Batch: cfg.Eval.Batch, Seed: cfg.Train.Seed, Largest: cmd.String("largest"),
 		Selector: cmd.String("selector"), KNNLog: knnLog, KNNK: int(cmd.Int("knn-k")), Pool: cfg.Pool,
-		SFTCheckpoint: cmd.String("sft-checkpoint"), CoTTemplate: cmd.String("cot-template")}
+		SFTCheckpoint: cmd.String("sft-checkpoint"), CoTTemplate: cmd.String("cot-template"),
+		RouterDir: cmd.String("router-dir"), Embedding: cfg.Embedding, EmbeddingCache: embeddingCache(cfg)}
 	return s, func() { env.Close(); eng.Close() }, nil
 }
 
@@ -167,7 +169,7 @@ func runEval(ctx context.Context, cmd *cli.Command) error {
 		cfg.Data.Test = names
 		return dryRunEval(os.Stdout, cfg, cmd.String("config"), ck, evalChoices{routers: routers, routersSet: cmd.IsSet("routers"),
 			extraModels: cmd.String("extra-models"), largest: cmd.String("largest"), selector: cmd.String("selector"),
-			knnLog: knnLogOf(cmd, ck), out: evalOut(cmd, ck, sel)})
+			knnLog: knnLogOf(cmd, ck), out: evalOut(cmd, ck, sel), routerDir: cmd.String("router-dir")})
 	}
 	qs, sel, err := evalQuestions(cmd, cfg)
 	if err != nil {
@@ -312,9 +314,10 @@ func ablateCommand() *cli.Command {
 }
 
 // trainedAs checks that the run in dir was trained with cfg, up to the
-// number of steps (a longer run continues it), the [eval] and [serve]
-// tables and where the policy runs (policy.device, policy.threads): a
-// table must not name one configuration and report another's policy. Any
+// number of steps (a longer run continues it), the [eval], [serve],
+// [embedding] and [baselines] tables and where the policy runs
+// (policy.device, policy.threads): a table must not name one configuration
+// and report another's policy. Any
 // other difference, the pool's operational settings included, is refused.
 func trainedAs(dir string, cfg config.Config) error {
 	path := filepath.Join(dir, "config.toml")
@@ -327,6 +330,7 @@ func trainedAs(dir string, cfg config.Config) error {
 		return fmt.Errorf("ablate: %w", err)
 	}
 	was.Train.Steps, was.Eval, was.Serve = cfg.Train.Steps, cfg.Eval, cfg.Serve
+	was.Embedding, was.Baselines = cfg.Embedding, cfg.Baselines // read by the baseline routers only
 	was.Policy.Device, was.Policy.Threads = cfg.Policy.Device, cfg.Policy.Threads
 	diff, err := config.Diff(was, cfg)
 	if err != nil {
