@@ -31,6 +31,7 @@ type Config struct {
 	Router      router.Config      `toml:"router"`
 	Calibration calibration.Config `toml:"calibration"`
 	Train       Train              `toml:"train"`
+	PPO         PPO                `toml:"ppo"`
 	SFT         SFT                `toml:"sft"`
 	Eval        Eval               `toml:"eval"`
 	Serve       Serve              `toml:"serve"`
@@ -45,6 +46,11 @@ type Config struct {
 // Train configures GRPO training ([train]). Paper defaults: batch 64,
 // group 4, 150 steps, lr 1e-6, temperature 1.0.
 type Train struct {
+	// Algorithm is the policy-gradient algorithm: "grpo" (ReCal's
+	// calibrated group advantages, [calibration]) or "ppo" (Router-R1's PPO:
+	// a value head, GAE and Router-R1's reward, [ppo]). The trainer's
+	// registry of algorithms is the list of known names (docs/method.md).
+	Algorithm string `toml:"algorithm"`
 	// Seed fixes the data order and every sampling draw of the run.
 	Seed int64 `toml:"seed"`
 	// Steps is the number of GRPO steps.
@@ -74,7 +80,9 @@ type Train struct {
 	// ClipEps is the PPO ratio clip ε.
 	ClipEps float64 `toml:"clip_eps"`
 	// KLCoef weighs the k3 KL penalty to the frozen starting policy; 0 keeps
-	// no reference policy in memory.
+	// no reference policy in memory. With algorithm "ppo" it is Router-R1's
+	// in-reward coefficient instead: −kl_coef·(log π_old − log π_ref) on
+	// every policy token's reward, and no KL term in the loss.
 	KLCoef float64 `toml:"kl_coef"`
 	// EntropyCoef weighs an entropy bonus (0 = none).
 	EntropyCoef float64 `toml:"entropy_coef"`
@@ -98,6 +106,69 @@ type Train struct {
 	// consecutive optimizer updates skipped for a non-finite gradient norm
 	// (0 = never stop; skips are still counted and logged).
 	MaxSkippedUpdates int `toml:"max_skipped_updates"`
+}
+
+// PPO configures train.algorithm = "ppo" ([ppo], read only then): Router-R1's
+// PPO with a critic, here a value head on the policy's own trunk, GAE over
+// the response's policy tokens and Router-R1's reward (docs/method.md,
+// "PPO"). Defaults are Router-R1's (verl's) settings where it has them.
+type PPO struct {
+	// Gamma is GAE's discount γ per policy token (Router-R1: 1.0).
+	Gamma float64 `toml:"gamma"`
+	// Lam is GAE's λ (Router-R1: 1.0).
+	Lam float64 `toml:"lam"`
+	// VFCoef weighs the value loss in the one loss that trains the policy
+	// and the value head on their shared trunk (Router-R1's critic is a
+	// separate model; 0.1 is TRL's shared-trunk default).
+	VFCoef float64 `toml:"vf_coef"`
+	// ValueClip is ε_v of the clipped value loss, around the values the
+	// batch was scored with (verl's cliprange_value, 0.5; 0 = no clip).
+	ValueClip float64 `toml:"value_clip"`
+	// ValueLR is the value head's learning rate (Router-R1's critic: 1e-5,
+	// ten times the actor's); 0 = train.lr.
+	ValueLR float64 `toml:"value_lr"`
+	// WhitenAdvantages standardises the token advantages over the step's
+	// batch (verl's masked_whiten).
+	WhitenAdvantages bool `toml:"whiten_advantages"`
+	// Outcome is the answer score of the reward: "f1" (Router-R1's
+	// RewardManager default) or "em" (what its train.sh passes).
+	Outcome string `toml:"outcome"`
+	// CostCoef is Router-R1's α: a well-formed response with a right answer
+	// earns (1−α)·outcome + α·c, c ∈ [0, 1] the cheapness of its pool calls
+	// (1 − their √cost normalised over the last CostWindow responses); 0 =
+	// no cost term (Router-R1's train.sh).
+	CostCoef float64 `toml:"cost_coef"`
+	// CostWindow is the number of recent responses whose √cost sets the
+	// normalisation (Router-R1: 1000).
+	CostWindow int `toml:"cost_window"`
+}
+
+// DefaultPPO returns the [ppo] defaults.
+func DefaultPPO() PPO {
+	return PPO{Gamma: 1, Lam: 1, VFCoef: 0.1, ValueClip: 0.5, WhitenAdvantages: true, Outcome: "f1", CostWindow: 1000}
+}
+
+// Validate checks the [ppo] table, naming the bad key.
+func (p PPO) Validate() error {
+	checks := []struct {
+		bad bool
+		msg string
+	}{
+		{p.Gamma < 0 || p.Gamma > 1, fmt.Sprintf("ppo.gamma = %g: must be in [0, 1]", p.Gamma)},
+		{p.Lam < 0 || p.Lam > 1, fmt.Sprintf("ppo.lam = %g: must be in [0, 1]", p.Lam)},
+		{p.VFCoef < 0, fmt.Sprintf("ppo.vf_coef = %g: must be ≥ 0", p.VFCoef)},
+		{p.ValueClip < 0, fmt.Sprintf("ppo.value_clip = %g: must be ≥ 0 (0 = no clip)", p.ValueClip)},
+		{p.ValueLR < 0, fmt.Sprintf("ppo.value_lr = %g: must be ≥ 0 (0 = train.lr)", p.ValueLR)},
+		{p.Outcome != "f1" && p.Outcome != "em", fmt.Sprintf("ppo.outcome = %q: want \"f1\" or \"em\"", p.Outcome)},
+		{p.CostCoef < 0 || p.CostCoef > 1, fmt.Sprintf("ppo.cost_coef = %g: must be in [0, 1]", p.CostCoef)},
+		{p.CostWindow < 1, fmt.Sprintf("ppo.cost_window = %d: must be ≥ 1", p.CostWindow)},
+	}
+	for _, ch := range checks {
+		if ch.bad {
+			return fmt.Errorf("%s", ch.msg)
+		}
+	}
+	return nil
 }
 
 // SFT configures the supervised warm-up on format demonstrations ([sft]):
@@ -150,10 +221,11 @@ func Default() Config {
 		Pool:        llmpool.Defaults(),
 		Router:      router.DefaultConfig(),
 		Calibration: calibration.DefaultConfig(),
+		PPO:         DefaultPPO(),
 		Train: Train{Steps: 150, BatchSize: 64, GroupSize: 4, MiniBatches: 1, MicroBatch: 16, Temperature: 1, TopP: 1,
 			LR: 1e-6, WeightDecay: 0.01, Beta1: 0.9, Beta2: 0.999, AdamEps: 1e-8, MaxGradNorm: 1, ClipEps: 0.2,
 			KLCoef: 0.001, EMADecay: 0.9, CheckpointEvery: 25, ValidateEvery: 25, HeadChunk: 1024, LogEvery: 10,
-			ResetOptimizerAfterSFT: true, MaxSkippedUpdates: 3},
+			ResetOptimizerAfterSFT: true, MaxSkippedUpdates: 3, Algorithm: "grpo"},
 		SFT:       SFT{Steps: 0, BatchSize: 16, LR: 1e-4, AnswerWeight: 1},
 		Eval:      Eval{Batch: 64},
 		Serve:     DefaultServe(),
@@ -286,6 +358,9 @@ func (c *Config) Validate() error {
 	if err := c.Baselines.Validate(); err != nil {
 		return err
 	}
+	if err := c.PPO.Validate(); err != nil {
+		return err
+	}
 	t := c.Train
 	checks := []struct {
 		bad bool
@@ -293,7 +368,7 @@ func (c *Config) Validate() error {
 	}{
 		{t.Steps < 0, fmt.Sprintf("train.steps = %d: must be ≥ 0", t.Steps)},
 		{t.BatchSize < 1, fmt.Sprintf("train.batch_size = %d: must be ≥ 1", t.BatchSize)},
-		{t.GroupSize < 2, fmt.Sprintf("train.group_size = %d: GRPO needs at least 2 responses per question", t.GroupSize)},
+		{t.GroupSize < 1 || t.GroupSize < 2 && t.Algorithm != "ppo", fmt.Sprintf("train.group_size = %d: GRPO needs at least 2 responses per question (PPO at least 1)", t.GroupSize)},
 		{t.MiniBatches < 1 || t.MiniBatches > t.BatchSize*t.GroupSize, fmt.Sprintf("train.mini_batches = %d: must be in [1, batch_size·group_size]", t.MiniBatches)},
 		{t.MicroBatch < 1, fmt.Sprintf("train.micro_batch = %d: must be ≥ 1", t.MicroBatch)},
 		{t.Temperature < 0, fmt.Sprintf("train.temperature = %g: must be ≥ 0", t.Temperature)},

@@ -42,6 +42,8 @@ type Metrics struct {
 	// the same over the run so far.
 	SkippedUpdates      int `json:"skipped_updates"`
 	SkippedUpdatesTotal int `json:"skipped_updates_total"`
+
+	*PPOMetrics // train.algorithm "ppo" only: value loss, explained variance, …
 }
 
 func stepMetrics(step int, samples []router.Sample, rewards []router.Rewards, cal calibration.Result, loss torchbridge.LossStats,

@@ -32,6 +32,10 @@ type State struct {
 	// applied update (train.max_skipped_updates bounds it).
 	SkippedUpdates   int `json:"skipped_updates,omitempty"`
 	ConsecutiveSkips int `json:"consecutive_skipped_updates,omitempty"`
+
+	// PPOCostWindow is train.algorithm "ppo"'s window of the last
+	// ppo.cost_window responses' √cost, oldest first (cheapness).
+	PPOCostWindow []float64 `json:"ppo_cost_window,omitempty"`
 }
 
 // runDir is an open training run folder:
@@ -332,9 +336,10 @@ type rolloutLine struct {
 	Calls      []router.Call      `json:"calls"`
 	End        string             `json:"end"`
 	Tokens     int                `json:"policy_tokens"`
+	PPO        *ppoRecord         `json:"ppo,omitempty"` // train.algorithm "ppo": reward, values, advantages and returns per policy token
 }
 
-func (r *runDir) logStep(m Metrics, qs []data.Example, g int, samples []router.Sample, rewards []router.Rewards, cal calibration.Result) error {
+func (r *runDir) logStep(m Metrics, qs []data.Example, g int, samples []router.Sample, rewards []router.Rewards, cal calibration.Result, ppo []*ppoRecord) error {
 	var buf bytes.Buffer
 	for i, s := range samples {
 		q := qs[i/g]
@@ -346,9 +351,13 @@ func (r *runDir) logStep(m Metrics, qs []data.Example, g int, samples []router.S
 		for _, v := range s.Mask {
 			n += int(v)
 		}
-		b, err := json.Marshal(rolloutLine{Step: m.Step, Dataset: q.Dataset, Group: i / g, Sample: i % g, QuestionID: q.ID,
+		line := rolloutLine{Step: m.Step, Dataset: q.Dataset, Group: i / g, Sample: i % g, QuestionID: q.ID,
 			Question: q.Question, Golden: q.Golden, RewardsRaw: raw, EM: rewards[i].EM, Advantage: cal.Advantages[i],
-			Response: strings.ToValidUTF8(s.Text, "\uFFFD"), Calls: s.Calls, End: s.End, Tokens: n})
+			Response: strings.ToValidUTF8(s.Text, "\uFFFD"), Calls: s.Calls, End: s.End, Tokens: n}
+		if ppo != nil {
+			line.PPO = ppo[i]
+		}
+		b, err := json.Marshal(line)
 		if err != nil {
 			return fmt.Errorf("trainer: %w", err)
 		}

@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/recal-project/recal/calibration"
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/generate"
@@ -45,14 +44,18 @@ type Options struct {
 }
 
 // Train runs the whole job: the optional supervised warm-up, then GRPO with
-// ReCal's calibrated advantages, with validation, checkpoints and logs in
-// opt.RunDir.
+// ReCal's calibrated advantages (or the algorithm train.algorithm names),
+// with validation, checkpoints and logs in opt.RunDir.
 func Train(ctx context.Context, cfg config.Config, opt Options) error {
 	log := opt.Log
 	if log == nil {
 		log = slog.Default()
 	}
 	tc := cfg.Train
+	algo, err := newAlgorithm(cfg) // train.algorithm: "grpo" or "ppo" (algorithm.go)
+	if err != nil {
+		return err
+	}
 	// Everything is checked and loaded before the run folder is written, so
 	// that a job failing at start leaves nothing a second attempt trips on.
 	plan, err := inspectRun(opt.RunDir, cfg, opt.Resume, opt.AllowConfigChange)
@@ -88,6 +91,9 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 		return err
 	}
 	defer eng.Close()
+	if err := algo.prepare(eng.Policy, start, plan.last != ""); err != nil { // PPO: the value head
+		return err
+	}
 	env, err := NewEnv(cfg, eng, AnswerBank(trainSet, valSet), log)
 	if err != nil {
 		return err
@@ -161,7 +167,7 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 	}
 
 	progress := newProgress(tc.Steps, tc.LogEvery, log)
-	adam := torchbridge.AdamW{LR: tc.LR, Beta1: tc.Beta1, Beta2: tc.Beta2, Eps: tc.AdamEps, WeightDecay: tc.WeightDecay, MaxGradNorm: tc.MaxGradNorm}
+	adam := algo.adamW(torchbridge.AdamW{LR: tc.LR, Beta1: tc.Beta1, Beta2: tc.Beta2, Eps: tc.AdamEps, WeightDecay: tc.WeightDecay, MaxGradNorm: tc.MaxGradNorm})
 	sampling := generate.Sampling{Temperature: tc.Temperature, TopP: tc.TopP}
 	done := 0
 	for st.Step < tc.Steps {
@@ -195,30 +201,22 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 
 		// 3. Raw rewards, with the balance counts from before this step.
 		rewards := make([]router.Rewards, len(samples))
-		batch := make([]calibration.Response, len(samples))
 		var stepCalls []string
 		for i, s := range samples {
 			q := qs[i/tc.GroupSize]
 			calls := s.CalledModels()
 			stepCalls = append(stepCalls, calls...)
 			rewards[i] = router.Score(&samples[i], q.Golden, cfg.Router.MaxTurns, env.Known, st.Balance)
-			batch[i] = calibration.Response{Group: i / tc.GroupSize, Dataset: q.Dataset, Raw: rawOf(rewards[i])}
 		}
 
-		// 4. ReCal calibration: the advantages the loss uses.
-		cal, err := calibration.Calibrate(cfg.Calibration, batch)
-		if err != nil {
-			return err
-		}
-
-		// 5. Sequences for the loss: prompt + response, policy tokens masked in.
+		// 4. Sequences for the loss: prompt + response, policy tokens masked in.
 		seqs := make([]torchbridge.Sequence, len(samples))
 		for i, s := range samples {
 			prompt, err := env.PromptTokens(qs[i/tc.GroupSize])
 			if err != nil {
 				return err
 			}
-			seqs[i] = sequence(prompt, s, float32(cal.Advantages[i]))
+			seqs[i] = sequence(prompt, s, 0)
 		}
 		// From here on the step runs to its end even when interrupted, so a
 		// checkpoint never holds a half-applied update.
@@ -227,6 +225,13 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 			if err := refLogp(work, ref, seqs, tc.MicroBatch); err != nil {
 				return err
 			}
+		}
+
+		// 5. The advantages the loss uses: ReCal's calibration (GRPO) or
+		// GAE with the value head (PPO).
+		adv := &stepBatch{qs: qs, g: tc.GroupSize, samples: samples, rewards: rewards, seqs: seqs, st: &st}
+		if err := algo.advantages(work, eng.Policy, adv); err != nil {
+			return err
 		}
 
 		// 6. Loss and backward over micro-batches, one optimizer step per
@@ -242,7 +247,7 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 			if tokens == 0 {
 				continue
 			}
-			lo := torchbridge.LossOptions{ClipEps: tc.ClipEps, KLCoef: tc.KLCoef, EntropyCoef: tc.EntropyCoef, Scale: 1 / tokens, HeadChunk: tc.HeadChunk}
+			lo := algo.loss(torchbridge.LossOptions{ClipEps: tc.ClipEps, KLCoef: tc.KLCoef, EntropyCoef: tc.EntropyCoef, Scale: 1 / tokens, HeadChunk: tc.HeadChunk})
 			for _, micro := range chunks(mb, tc.MicroBatch) {
 				part := make([]torchbridge.Sequence, len(micro))
 				for k, i := range micro {
@@ -277,9 +282,10 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 		st.Balance.Update(stepCalls)
 		st.Step = step
 		done++
-		m := stepMetrics(step, samples, rewards, cal, loss, gradNorms, rstats, env.Pool.Usage().Sub(usage0), len(qs), time.Since(t0), env.Pool.Models())
+		m := stepMetrics(step, samples, rewards, adv.logged, loss, gradNorms, rstats, env.Pool.Usage().Sub(usage0), len(qs), time.Since(t0), env.Pool.Models())
 		m.SkippedUpdates, m.SkippedUpdatesTotal = skipped, st.SkippedUpdates
-		if err := run.logStep(m, qs, tc.GroupSize, samples, rewards, cal); err != nil {
+		algo.metrics(adv, loss, &m)
+		if err := run.logStep(m, qs, tc.GroupSize, samples, rewards, adv.logged, adv.ppo); err != nil {
 			return err
 		}
 		progress.update(m)
