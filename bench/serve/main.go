@@ -150,22 +150,28 @@ func run(bin, cfgPath, ck string, latency time.Duration, clients, requests, maxB
 	fmt.Printf("recal serve %s: checkpoint %s, pool latency %s, max_batch %d, %d questions\n", base, ck, latency, maxBatch, n)
 	rssLoaded := rss()
 
-	// Warm-up: one full concurrent round, so that the KV cache of every row
-	// exists before memory is compared.
-	warm := fire(client, base, qs[:clients], clients)
+	// Warm-up: the concurrent run once, so that the KV cache of every row and
+	// the allocator's pools for every tensor shape exist before memory is
+	// compared.
+	warm := fire(client, base, qs, clients)
 	if e := errorsOf(warm); e > 0 {
 		return fmt.Errorf("warm-up: %d errors, first: %v", e, firstErr(warm))
 	}
 	rssWarm := rss()
 
+	cpu := func() float64 { return cpuSeconds(srv.Process.Pid) }
+	cpu0 := cpu()
 	start := time.Now()
 	seq := fire(client, base, qs, 1)
 	seqWall := time.Since(start)
 	rssSeq := rss()
+	cpu1 := cpu()
 	start = time.Now()
 	conc := fire(client, base, qs, clients)
 	concWall := time.Since(start)
 	rssEnd := rss()
+	cpu2 := cpu()
+	load := loadAverage()
 
 	srv.Process.Signal(syscall.SIGTERM)
 	waitErr := srv.Wait()
@@ -187,6 +193,8 @@ func run(bin, cfgPath, ck string, latency time.Duration, clients, requests, maxB
 	ratio := concRate / seqRate
 	fmt.Printf("\nthroughput: %.1f× one at a time (target ≥ 8×: %s); %.2f pool calls per question\n", ratio, verdict(ratio >= 8), float64(calls)/float64(n))
 	fmt.Printf("answers identical in both runs (temperature 0): %d of %d\n", same, n)
+	fmt.Printf("server CPU time per request: %.0f ms one at a time, %.0f ms concurrently (%.1f× less); machine load average at the end %s\n",
+		1000*(cpu1-cpu0)/float64(n), 1000*(cpu2-cpu1)/float64(n), (cpu1-cpu0)/max(cpu2-cpu1, 1e-9), load)
 	growth := rssEnd/rssWarm - 1
 	fmt.Printf("server RSS: %.0f MiB loaded, %.0f MiB after the warm-up, %.0f MiB after the sequential run, %.0f MiB at the end: %+.1f%% since the warm-up (target within ±10%%: %s)\n",
 		rssLoaded, rssWarm, rssSeq, rssEnd, 100*growth, verdict(growth <= 0.10 && growth >= -0.10))
@@ -298,6 +306,37 @@ func rssMiB(pid int) float64 {
 		}
 	}
 	return 0
+}
+
+// cpuSeconds reads a process's user and system CPU time from /proc (in
+// clock ticks of 1/100 s, Linux's USER_HZ).
+func cpuSeconds(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// Fields after the command name, which is in parentheses and may hold spaces.
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	utime, _ := strconv.ParseFloat(f[11], 64)
+	stime, _ := strconv.ParseFloat(f[12], 64)
+	return (utime + stime) / 100
+}
+
+// loadAverage is the first three fields of /proc/loadavg: the benchmark
+// shares the machine, and CPU-bound rows slow down with it.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
 }
 
 func verdict(ok bool) string {
