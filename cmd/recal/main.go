@@ -97,7 +97,7 @@ func run(ctx context.Context, args []string) int {
 			slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})))
 			return ctx, nil
 		},
-		Commands: []*cli.Command{trainCommand(), evalCommand(), ablateCommand(), plotCommand(), generateCommand(), policyCommand(), serveCommand(), sftDirectCommand(), collectCommand(), fitCommand()},
+		Commands: []*cli.Command{trainCommand(), evalCommand(), ablateCommand(), plotCommand(), generateCommand(), policyCommand(), serveCommand(), sftDirectCommand(), collectCommand(), fitCommand(), table1Command()},
 		OnUsageError: func(ctx context.Context, cmd *cli.Command, err error, isSubcommand bool) error {
 			return usageError{err}
 		},

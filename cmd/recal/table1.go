@@ -1,0 +1,476 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/urfave/cli/v3"
+
+	"github.com/recal-project/recal/baselines"
+	"github.com/recal-project/recal/config"
+	"github.com/recal-project/recal/data"
+	"github.com/recal-project/recal/eval"
+	"github.com/recal-project/recal/internal/hfmodel"
+	"github.com/recal-project/recal/llmpool"
+	"github.com/recal-project/recal/torchbridge"
+	"github.com/recal-project/recal/trainer"
+)
+
+// recal table1 makes the ReCal paper's Table 1 in one command: it makes
+// what the rows need and is missing from its work folder, then evaluates
+// every row into it. The work folder holds
+//
+//	outcomes/                 the outcome matrix (recal collect --out)
+//	routers/<name>/           the fitted baseline routers (recal fit --router-dir)
+//	routers/<name>.fit.json   what each was fitted from (matrix, tables, seed)
+//	sft-direct/               the SFT row's checkpoint (recal train-sft-direct --out)
+//	router-r1/                the Router-R1 row's run (train.algorithm = "ppo")
+//	eval-<split>/<row>/       each row's results-<router>.jsonl (recal eval's files)
+//	eval-<split>/table.*      the table: JSON, CSV and Markdown
+//
+// Each part is reused when it was made from the same inputs, so a rerun
+// trains nothing and calls no pool for what it has: collect asks only the
+// missing (question, model) pairs, routers are refitted only when their
+// matrix, [baselines] or [embedding] tables or seed change, the SFT-direct
+// and Router-R1 checkpoints are reused under their configuration (a
+// changed one is an error naming the differing keys), and each row's
+// results are resumed by eval's identity rules.
+
+func table1Command() *cli.Command {
+	return &cli.Command{
+		Name:  "table1",
+		Usage: "make the ReCal paper's Table 1: train what is missing, evaluate every row, write the table",
+		Description: "Rows, grouped as in the paper: no routing (Vanilla = policy.checkpoint answering alone,\n" +
+			"CoT, SFT, and RAG and Search-R1, which are not run: they need a Wikipedia corpus and a\n" +
+			"retriever), heuristic and discriminative routers (Largest, Prompt, Prompt*, KNN, KNN*, MLP,\n" +
+			"RouteLLM-MF, RouterDC, GraphRouter) and RL routers (Router-R1, ReCal = --checkpoint).\n" +
+			"Missing parts are made in --work: the outcome matrix (collect), the four fitted routers\n" +
+			"(fit), the SFT-direct checkpoint (--sft-steps) and the Router-R1 policy (PPO, --r1-steps,\n" +
+			"from the warm-up checkpoint of --checkpoint's run when it has one, so that Router-R1 and\n" +
+			"ReCal differ only in the RL algorithm). Rerunning reuses all of it and every answer.\n" +
+			"Writes --work/eval-<split>/table.{json,csv,md} and prints the table.",
+		Flags: append(configFlags(),
+			&cli.StringFlag{Name: "work", Value: "runs/table1", Usage: "work folder: outcome matrix, fitted routers, checkpoints, results, table"},
+			&cli.StringFlag{Name: "checkpoint", Value: "runs/recal/checkpoints/last", Usage: "the ReCal policy (make train's)"},
+			&cli.StringFlag{Name: "split", Value: "all", Usage: "test split: id, ood or all"},
+			&cli.StringFlag{Name: "datasets", Usage: "comma-separated datasets (instead of --split)"},
+			&cli.IntFlag{Name: "sft-steps", Usage: "steps of the SFT-direct fit (default sft.steps)"},
+			&cli.IntFlag{Name: "r1-steps", Value: 100, Usage: "PPO steps of the Router-R1 policy (shortened from train.steps)"},
+			&cli.StringFlag{Name: "r1-start", Usage: "checkpoint Router-R1 starts from, with no warm-up (default: checkpoints/sft of --checkpoint's run, else policy.checkpoint with the [sft] warm-up)"},
+			&cli.StringFlag{Name: "largest", Usage: "pool model of the largest router (default: highest output price)"},
+			&cli.StringFlag{Name: "selector", Usage: "pool model the prompt routers ask (default: the largest)"},
+			&cli.StringFlag{Name: "knn-log", Usage: "rollouts.jsonl for the knn routers (default: --checkpoint's run)"},
+			&cli.IntFlag{Name: "knn-k", Value: 10, Usage: "neighbours of the knn routers"},
+		),
+		Action: func(ctx context.Context, cmd *cli.Command) error {
+			torchbridge.UseTrainingMalloc() // it trains; glibc reads these at start-up
+			cfg, err := loadConfig(cmd)
+			if err != nil {
+				return err
+			}
+			names, sel, err := evalSelection(cmd)
+			if err != nil {
+				return err
+			}
+			if err := setThreadsFrom(cmd, cfg); err != nil {
+				return err
+			}
+			o := table1Options{Work: cmd.String("work"), Checkpoint: cmd.String("checkpoint"), Datasets: names, Split: sel,
+				SFTSteps: int(cmd.Int("sft-steps")), R1Steps: int(cmd.Int("r1-steps")), R1Start: cmd.String("r1-start"),
+				Largest: cmd.String("largest"), Selector: cmd.String("selector"), KNNLog: cmd.String("knn-log"),
+				KNNK: int(cmd.Int("knn-k")), Log: slog.Default(), Progress: progressFunc()}
+			if o.R1Steps < 1 || o.SFTSteps < 0 {
+				return usageError{fmt.Errorf("table1: --r1-steps %d and --sft-steps %d: want ≥ 1 and ≥ 0", o.R1Steps, o.SFTSteps)}
+			}
+			start := time.Now()
+			t, rep, err := runTable1(ctx, cfg, o)
+			if err != nil {
+				return err
+			}
+			t.Text(os.Stdout)
+			fmt.Printf("\n%s\ntook %s; written to %s\n", rep, time.Since(start).Round(time.Second), filepath.Join(o.Work, "eval-"+o.Split))
+			return nil
+		},
+	}
+}
+
+// table1Options are recal table1's choices.
+type table1Options struct {
+	Work       string
+	Checkpoint string   // the ReCal policy
+	Datasets   []string // test datasets
+	Split      string   // their name (the results folder's)
+	SFTSteps   int      // 0 = sft.steps
+	R1Steps    int
+	R1Start    string // "" = the ReCal run's warm-up checkpoint, else policy.checkpoint
+	Largest    string
+	Selector   string
+	KNNLog     string // "" = the ReCal run's rollouts.jsonl
+	KNNK       int
+	Log        *slog.Logger
+	Progress   func(router string, done, total int)
+}
+
+// table1Report says what a table1 run made and how much it asked the pool.
+type table1Report struct {
+	Collected int      // (question, model) pairs asked by collect
+	Made      []string // what was trained or fitted
+	Calls     int64    // pool calls (collect and evaluation; training's own pools not counted)
+	Took      map[string]time.Duration
+}
+
+func (r table1Report) String() string {
+	made := "nothing trained or fitted (all reused)"
+	if len(r.Made) > 0 {
+		made = "made: " + strings.Join(r.Made, ", ")
+	}
+	var took []string
+	for _, k := range slices.Sorted(maps.Keys(r.Took)) {
+		took = append(took, fmt.Sprintf("%s %s", k, r.Took[k].Round(time.Second)))
+	}
+	return fmt.Sprintf("%s; collect asked %d pairs; %d pool calls; time: %s", made, r.Collected, r.Calls, strings.Join(took, ", "))
+}
+
+// runTable1 makes what is missing and evaluates every row of Table 1.
+func runTable1(ctx context.Context, cfg config.Config, o table1Options) (eval.PaperTable, table1Report, error) {
+	rep := table1Report{Took: map[string]time.Duration{}}
+	if o.Log == nil {
+		o.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	timed := func(stage string, f func() error) error {
+		t0 := time.Now()
+		err := f()
+		rep.Took[stage] += time.Since(t0)
+		return err
+	}
+	// The ReCal policy and the knn routers' logged outcomes come from a
+	// training run; nothing else can stand in for them.
+	if _, err := os.Stat(filepath.Join(o.Checkpoint, "model.safetensors")); err != nil {
+		return eval.PaperTable{}, rep, fmt.Errorf("table1: --checkpoint %s: no policy there; train one with `make train` or `recal train --config FILE --run-dir DIR` (its checkpoints/last)", o.Checkpoint)
+	}
+	recalRun := filepath.Dir(filepath.Dir(filepath.Clean(o.Checkpoint)))
+	if o.KNNLog == "" {
+		o.KNNLog = filepath.Join(recalRun, "rollouts.jsonl")
+	}
+	if _, err := os.Stat(o.KNNLog); err != nil {
+		return eval.PaperTable{}, rep, fmt.Errorf("table1: the knn rows need the logged outcomes of a training run (%s: %v); pass --knn-log RUN_DIR/rollouts.jsonl of a `recal train` run", o.KNNLog, err)
+	}
+	cfg.Data.Test = o.Datasets
+	qs, err := cfg.Data.LoadTest()
+	if err != nil {
+		return eval.PaperTable{}, rep, err
+	}
+
+	// 1. The outcome matrix and the fitted routers.
+	outcomes := filepath.Join(o.Work, "outcomes")
+	routerDir := filepath.Join(o.Work, "routers")
+	var fitted []string
+	for _, r := range eval.Table1Rows {
+		if slices.Contains(baselines.Names(), r.Router) {
+			fitted = append(fitted, r.Router)
+		}
+	}
+	if err := timed("collect", func() error {
+		n, calls, err := table1Collect(ctx, cfg, outcomes, o.Log)
+		rep.Collected, rep.Calls = n, rep.Calls+calls
+		if n > 0 {
+			rep.Made = append(rep.Made, fmt.Sprintf("outcomes (%d pairs)", n))
+		}
+		return err
+	}); err != nil {
+		return eval.PaperTable{}, rep, err
+	}
+	if err := timed("fit", func() error {
+		made, err := table1Fit(ctx, cfg, outcomes, routerDir, fitted, o.Log)
+		rep.Made = append(rep.Made, made...)
+		return err
+	}); err != nil {
+		return eval.PaperTable{}, rep, err
+	}
+
+	// 2. The SFT-direct checkpoint.
+	sftDir := filepath.Join(o.Work, "sft-direct")
+	if err := timed("sft-direct", func() error {
+		opt, err := sftDirectOptions(cfg, sftDir, o.SFTSteps)
+		if err != nil {
+			return err
+		}
+		opt.Log = o.Log
+		spec, err := trainer.SFTDirectSpecOf(cfg, opt)
+		if err != nil {
+			return err
+		}
+		ok, err := trainer.SFTDirectReady(sftDir, spec)
+		if err != nil || ok {
+			return err
+		}
+		o.Log.Info("table1: training the SFT-direct checkpoint", "out", sftDir, "steps", spec.Steps)
+		rep.Made = append(rep.Made, "sft-direct")
+		return trainer.TrainSFTDirect(ctx, cfg, opt)
+	}); err != nil {
+		return eval.PaperTable{}, rep, err
+	}
+
+	// 3. The Router-R1 policy: PPO, shortened.
+	r1Dir := filepath.Join(o.Work, "router-r1")
+	if err := timed("router-r1", func() error {
+		made, err := table1RouterR1(ctx, cfg, r1Dir, recalRun, o)
+		if made {
+			rep.Made = append(rep.Made, "router-r1")
+		}
+		return err
+	}); err != nil {
+		return eval.PaperTable{}, rep, err
+	}
+
+	// 4. Every row, each into its own results folder, with the policy it
+	// runs opened for its rows and closed after the last.
+	out := filepath.Join(o.Work, "eval-"+o.Split)
+	checkpoints := map[string]string{eval.PolicyBase: cfg.Policy.Checkpoint, eval.PolicyReCal: o.Checkpoint,
+		eval.PolicyRouterR1: filepath.Join(r1Dir, "checkpoints", "last"), "": o.Checkpoint}
+	last := map[string]int{}
+	for i, r := range eval.Table1Rows {
+		if r.Router != "" {
+			last[r.Policy] = i
+		}
+	}
+	setups := map[string]*table1Setup{}
+	defer func() {
+		for _, s := range setups {
+			s.close()
+		}
+	}()
+	t := eval.PaperTable{Split: o.Split}
+	err = timed("evaluate", func() error {
+		for i, r := range eval.Table1Rows {
+			row := eval.PaperRow{Group: r.Group, Label: r.Label, Router: r.Router}
+			if r.NotRun != "" {
+				row.Status = "not run: " + r.NotRun
+				t.Rows = append(t.Rows, row)
+				continue
+			}
+			s, ok := setups[r.Policy]
+			if !ok {
+				var err error
+				if s, err = openTable1Setup(cfg, checkpoints[r.Policy], qs, o); err != nil {
+					return fmt.Errorf("table1: row %s: %w", r.Label, err)
+				}
+				setups[r.Policy] = s
+			}
+			s.setup.RouterDir, s.setup.SFTCheckpoint = routerDir, sftDir
+			if r.Policy != "" {
+				row.Policy = checkpoints[r.Policy]
+			}
+			o.Log.Info("table1: evaluating", "row", r.Label, "router", r.Router, "questions", len(qs))
+			before := s.setup.Env.Pool.Usage()
+			tab, err := eval.Run(ctx, s.setup, qs, []string{r.Router}, filepath.Join(out, r.Slug()), o.Log, o.Progress)
+			for _, u := range s.setup.Env.Pool.Usage().Sub(before) {
+				rep.Calls += u.Calls
+			}
+			if err != nil {
+				return fmt.Errorf("table1: row %s: %w", r.Label, err)
+			}
+			row.Scores = &tab.Rows[0]
+			t.Datasets = tab.Datasets
+			t.Rows = append(t.Rows, row)
+			if last[r.Policy] == i {
+				s.close()
+				delete(setups, r.Policy)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return eval.PaperTable{}, rep, err
+	}
+	if err := t.Write(out); err != nil {
+		return eval.PaperTable{}, rep, err
+	}
+	return t, rep, nil
+}
+
+// table1Setup is an evaluation setup with the policy and pool it opened.
+type table1Setup struct {
+	setup eval.Setup
+	close func()
+}
+
+// openTable1Setup opens checkpoint ck and a pool for evaluating qs.
+func openTable1Setup(cfg config.Config, ck string, qs []data.Example, o table1Options) (*table1Setup, error) {
+	eng, err := trainer.OpenEngine(ck, torchbridge.Options{Device: cfg.Policy.Device, DType: cfg.Policy.DType})
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint %s is not a policy: %w", ck, err)
+	}
+	train, val, err := cfg.Data.LoadTrain()
+	if err != nil {
+		eng.Close()
+		return nil, err
+	}
+	env, err := trainer.NewEnv(cfg, eng, trainer.AnswerBank(train, val, qs), o.Log)
+	if err != nil {
+		eng.Close()
+		return nil, err
+	}
+	s := eval.Setup{Env: env, Batch: cfg.Eval.Batch, Seed: cfg.Train.Seed, Largest: o.Largest, Selector: o.Selector,
+		KNNLog: o.KNNLog, KNNK: o.KNNK, Pool: cfg.Pool, Embedding: cfg.Embedding, EmbeddingCache: embeddingCache(cfg)}
+	return &table1Setup{setup: s, close: func() { env.Close(); eng.Close() }}, nil
+}
+
+// table1Collect asks the pool what the outcome folder lacks (as recal
+// collect does: the training split, wrong answers drawn from every
+// training file's golden answers) and returns the pairs asked and the pool
+// calls made.
+func table1Collect(ctx context.Context, cfg config.Config, dir string, log *slog.Logger) (int, int64, error) {
+	train, _, err := cfg.Data.LoadTrain()
+	if err != nil {
+		return 0, 0, err
+	}
+	all := cfg.Data
+	all.TrainPerDataset = 0
+	full, val, err := all.LoadTrain()
+	if err != nil {
+		return 0, 0, err
+	}
+	bank := trainer.AnswerBank(full, val)
+	pool, err := llmpool.New(cfg.Pool, llmpool.WithLogger(log), llmpool.WithAnswerBank(bank))
+	if err != nil {
+		return 0, 0, err
+	}
+	defer pool.Close()
+	info, err := baselines.PoolIdentity(cfg.Pool, bank)
+	if err != nil {
+		return 0, 0, err
+	}
+	st, err := baselines.Collect(ctx, dir, baselines.CollectOptions{Pool: pool, Info: info, Questions: train,
+		Extract: eval.ExtractAnswer, Log: log})
+	var calls int64
+	for _, u := range pool.Usage() {
+		calls += u.Calls
+	}
+	if err == nil && st.Failed > 0 {
+		err = fmt.Errorf("table1: collect: %d calls failed; run table1 again to ask them again", st.Failed)
+	}
+	return st.Asked, calls, err
+}
+
+// fitStamp is what a fitted router of the work folder was fitted from.
+type fitStamp struct {
+	Matrix    string           `json:"matrix"`
+	Baselines baselines.Config `json:"baselines"`
+	Embedding json.RawMessage  `json:"embedding"`
+	Seed      int64            `json:"seed"`
+}
+
+// table1Fit fits each router of names whose folder in routerDir is missing
+// or was fitted from other inputs, and returns the ones it fitted.
+func table1Fit(ctx context.Context, cfg config.Config, outcomes, routerDir string, names []string, log *slog.Logger) ([]string, error) {
+	if len(names) == 0 {
+		return nil, nil
+	}
+	m, err := baselines.LoadMatrix(outcomes)
+	if err != nil {
+		return nil, err
+	}
+	emb, err := json.Marshal(cfg.Embedding)
+	if err != nil {
+		return nil, fmt.Errorf("table1: %w", err)
+	}
+	stamp, err := json.MarshalIndent(fitStamp{Matrix: m.Digest, Baselines: cfg.Baselines, Embedding: emb, Seed: cfg.Train.Seed}, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("table1: %w", err)
+	}
+	var made []string
+	for _, name := range names {
+		dir := filepath.Join(routerDir, name)
+		stampPath := filepath.Join(routerDir, name+".fit.json")
+		if was, err := os.ReadFile(stampPath); err == nil && bytes.Equal(was, stamp) {
+			if _, err := baselines.Digest(dir); err == nil {
+				continue
+			}
+		}
+		embedder, err := newEmbedder(cfg)
+		if err != nil {
+			return made, err
+		}
+		log.Info("table1: fitting", "router", name, "questions", len(m.Questions))
+		r, err := baselines.Fit(ctx, name, cfg.Baselines, m, embedder, cfg.Train.Seed)
+		if err != nil {
+			return made, err
+		}
+		if err := r.Save(dir); err != nil {
+			return made, err
+		}
+		if err := hfmodel.WriteAtomic(stampPath, func(w io.Writer) error { _, err := w.Write(stamp); return err }); err != nil {
+			return made, err
+		}
+		made = append(made, name)
+	}
+	return made, nil
+}
+
+// table1RouterR1 trains the Router-R1 row's policy in dir unless it holds
+// a finished run of the same configuration: Router-R1's PPO
+// (train.algorithm = "ppo") for o.R1Steps steps, starting from o.R1Start,
+// else from the ReCal run's warm-up checkpoint (checkpoints/sft) with no
+// warm-up of its own, else from policy.checkpoint with the [sft] warm-up.
+// It reports whether it trained.
+func table1RouterR1(ctx context.Context, cfg config.Config, dir, recalRun string, o table1Options) (bool, error) {
+	rc := cfg
+	rc.Train.Algorithm = "ppo"
+	rc.Train.Steps = o.R1Steps
+	start := o.R1Start
+	if start == "" {
+		if sft := filepath.Join(recalRun, "checkpoints", "sft"); fileExists(filepath.Join(sft, "model.safetensors")) {
+			start = sft
+		}
+	}
+	if start != "" {
+		rc.Policy.Checkpoint, rc.SFT.Steps = start, 0
+	}
+	if err := rc.Validate(); err != nil {
+		return false, fmt.Errorf("table1: router-r1: %w", err)
+	}
+	// The starting weights' digest: the path alone (checkpoints/sft of a
+	// run made again) does not say which weights Router-R1 started from.
+	startID, err := eval.CheckpointDigest(rc.Policy.Checkpoint)
+	if err != nil {
+		return false, fmt.Errorf("table1: router-r1: %w", err)
+	}
+	stamp := filepath.Join(dir, "start.digest")
+	resume := fileExists(filepath.Join(dir, "checkpoints", "last"))
+	if resume {
+		if was, err := os.ReadFile(stamp); err != nil || string(was) != startID {
+			return false, fmt.Errorf("table1: router-r1: %s was trained from other starting weights than %s; remove it to train it again", dir, rc.Policy.Checkpoint)
+		}
+		if err := trainedAs(dir, rc); err != nil {
+			return false, fmt.Errorf("table1: router-r1: %w", err)
+		}
+		done, err := finished(dir, rc.Train.Steps)
+		if err != nil {
+			return false, fmt.Errorf("table1: router-r1: %w", err)
+		}
+		if done {
+			return false, nil
+		}
+	}
+	o.Log.Info("table1: training Router-R1 (PPO)", "run_dir", dir, "steps", rc.Train.Steps, "from", rc.Policy.Checkpoint, "resume", resume)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return false, fmt.Errorf("table1: %w", err)
+	}
+	if err := hfmodel.WriteAtomic(stamp, func(w io.Writer) error { _, err := io.WriteString(w, startID); return err }); err != nil {
+		return false, err
+	}
+	// Resume also when no checkpoint exists yet: a run stopped before its
+	// first checkpoint starts again instead of being refused.
+	return true, trainer.Train(ctx, rc, trainer.Options{RunDir: dir, Resume: true, Log: o.Log})
+}

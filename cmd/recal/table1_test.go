@@ -1,0 +1,213 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/recal-project/recal/config"
+	"github.com/recal-project/recal/eval"
+	"github.com/recal-project/recal/internal/testpolicy"
+	"github.com/recal-project/recal/trainer"
+)
+
+// table1Config is the offline default cut to seconds: a micro policy, four
+// training questions per dataset, two test questions per dataset, one step
+// of each training.
+func table1Config(t *testing.T) config.Config {
+	t.Helper()
+	ck := testpolicy.Micro(t, "../..", 1)
+	cfg, err := config.Load("../../recal.toml", []string{
+		"policy.checkpoint=" + ck, "policy.threads=2",
+		"data.train_per_dataset=4", "data.val_per_dataset=2", "data.test_per_dataset=2",
+		"router.turn_tokens=8", "router.info_tokens=8", "router.max_turns=1",
+		"sft.steps=1", "sft.batch_size=2", "train.steps=1", "train.batch_size=2", "train.group_size=2",
+		"train.micro_batch=4", "train.checkpoint_every=1", "train.validate_every=1", "eval.batch=8",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// mtimes maps every file under dir to its modification time.
+func mtimes(t *testing.T, dir string) map[string]time.Time {
+	t.Helper()
+	out := map[string]time.Time{}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		out[p] = info.ModTime()
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// recal table1 makes what is missing, evaluates every row it can run and
+// marks the others with why; run again on the same work folder it trains
+// nothing, fits nothing, calls no pool and writes no checkpoint, outcome or
+// result again, and gives the same table.
+func TestTable1TrainsOnceAndReuses(t *testing.T) {
+	cfg := table1Config(t)
+	ctx := context.Background()
+	run := filepath.Join(t.TempDir(), "recal")
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if err := trainer.Train(ctx, cfg, trainer.Options{RunDir: run, Log: quiet}); err != nil {
+		t.Fatal(err)
+	}
+	// The micro policy's one step logs no well-formed call to route by: the
+	// knn routers read a log written here.
+	knnLog := filepath.Join(t.TempDir(), "rollouts.jsonl")
+	logged := `{"question":"who wrote the iliad","rewards_raw":{"ans":1},"calls":[{"model":"sim-factoid"}]}
+{"question":"which band was formed first","rewards_raw":{"ans":1},"calls":[{"model":"sim-multihop"}]}
+`
+	if err := os.WriteFile(knnLog, []byte(logged), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	work := t.TempDir()
+	o := table1Options{Work: work, Checkpoint: filepath.Join(run, "checkpoints", "last"), Datasets: []string{"nq", "hotpotqa", "popqa"},
+		Split: "test", R1Steps: 1, KNNLog: knnLog, KNNK: 2, Log: quiet}
+	first, rep, err := runTable1(ctx, cfg, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Collected == 0 || rep.Calls == 0 {
+		t.Errorf("first run: collected %d pairs, %d pool calls; want both > 0", rep.Collected, rep.Calls)
+	}
+	for _, want := range []string{"sft-direct", "router-r1", "mlp", "routellm-mf", "routerdc", "graphrouter"} {
+		if !strings.Contains(strings.Join(rep.Made, ","), want) {
+			t.Errorf("first run made %v, want %s among them", rep.Made, want)
+		}
+	}
+	var text bytes.Buffer
+	first.Text(&text)
+	t.Log(text.String())
+	if len(first.Rows) != len(eval.Table1Rows) {
+		t.Fatalf("%d rows, want Table 1's %d", len(first.Rows), len(eval.Table1Rows))
+	}
+	for _, r := range first.Rows {
+		switch r.Label {
+		case "RAG", "Search-R1":
+			if r.Scores != nil || !strings.HasPrefix(r.Status, "not run: ") || !strings.Contains(r.Status, "Wikipedia") {
+				t.Errorf("%s: status %q, scores %v; want not run for want of a Wikipedia corpus, no numbers", r.Label, r.Status, r.Scores)
+			}
+		default:
+			if r.Scores == nil || r.Status != "" || r.Scores.Avg.N != 6 {
+				t.Errorf("%s: status %q, scores %+v; want 6 questions evaluated", r.Label, r.Status, r.Scores)
+			}
+		}
+	}
+	byLabel := map[string]*eval.Row{}
+	for _, r := range first.Rows {
+		byLabel[r.Label] = r.Scores
+	}
+	for label, calls := range map[string]float64{"Vanilla": 0, "CoT": 0, "SFT": 0, "Largest LLM": 1, "Prompt LLM": 2, "Prompt LLM*": 4, "KNN Router*": 3} {
+		if got := byLabel[label].Avg.Calls; got != calls {
+			t.Errorf("%s: %.2f calls per question, want %.0f", label, got, calls)
+		}
+	}
+	out := filepath.Join(work, "eval-test")
+	for _, f := range []string{"table.json", "table.csv", "table.md"} {
+		if b, err := os.ReadFile(filepath.Join(out, f)); err != nil || !bytes.Contains(b, []byte("Router-R1")) {
+			t.Errorf("%s: %v, want a table naming every row", f, err)
+		}
+	}
+
+	before := mtimes(t, work)
+	second, rep, err := runTable1(ctx, cfg, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Made) != 0 || rep.Collected != 0 || rep.Calls != 0 {
+		t.Errorf("second run made %v, collected %d pairs and made %d pool calls; want nothing made and no call", rep.Made, rep.Collected, rep.Calls)
+	}
+	after := mtimes(t, work)
+	for p, m := range before {
+		if strings.HasPrefix(filepath.Base(p), "table.") {
+			continue // the table is written again, with the same contents
+		}
+		if !after[p].Equal(m) {
+			t.Errorf("%s was written again by the second run", p)
+		}
+	}
+	a, _ := json.Marshal(first)
+	b, _ := json.Marshal(second)
+	if !bytes.Equal(a, b) {
+		t.Errorf("the second run's table differs from the first:\n%s\nvs\n%s", a, b)
+	}
+}
+
+// Without the ReCal checkpoint or the logged outcomes the knn rows route
+// by, table1 stops before doing anything, naming the command that makes
+// what is missing.
+func TestTable1MissingInputsNameTheirCommand(t *testing.T) {
+	cfg := table1Config(t)
+	dir := t.TempDir()
+	ck := filepath.Join(dir, "run", "checkpoints", "last")
+	cases := []struct {
+		name  string
+		setup func()
+		want  string
+	}{
+		{"no checkpoint", func() {}, "make train"},
+		{"a checkpoint without its run's rollouts", func() {
+			if err := os.MkdirAll(ck, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(ck, "model.safetensors"), nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}, "recal train"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			c.setup()
+			work := filepath.Join(dir, "work")
+			_, _, err := runTable1(context.Background(), cfg, table1Options{Work: work, Checkpoint: ck, Datasets: []string{"nq"}, Split: "nq", R1Steps: 1})
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("error %v, want one naming %q", err, c.want)
+			}
+			if _, err := os.Stat(work); err == nil {
+				t.Error("the work folder was created although the run could not start")
+			}
+		})
+	}
+}
+
+// recal eval asked for a router without what it is made from fails with
+// status 2 or 1 and a message naming the command that makes it.
+func TestEvalNamesTheMissingCommand(t *testing.T) {
+	ck := smallCheckpoint(t)
+	cases := []struct {
+		router, want string
+	}{
+		{"sft", "recal train-sft-direct"},
+		{"mlp", "recal fit"},
+		{"knn-decomp", "--knn-log"},
+	}
+	for _, c := range cases {
+		t.Run(c.router, func(t *testing.T) {
+			code, _, stderr := runCLI(t, "--threads", "2", "eval", "--config", "../../recal.toml", "--checkpoint", ck, "--routers", c.router, "--datasets", "nq",
+				"--set", "data.test_per_dataset=1", "--set", "router.turn_tokens=8", "--out", t.TempDir())
+			if code == 0 || !strings.Contains(stderr, c.want) {
+				t.Errorf("exit %d, stderr %q; want a failure naming %q", code, stderr, c.want)
+			}
+		})
+	}
+}
