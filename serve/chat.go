@@ -95,7 +95,7 @@ type completion struct {
 // final chunk, all but the trace, which went out turn by turn).
 func (c *completion) summary(res Result, withTrace bool) *recalResult {
 	_, ru := usageOf(res)
-	cost := res.CostUSD
+	cost := roundUSD(res.CostUSD)
 	rr := &recalResult{TotalCostUSD: &cost, End: res.Sample.End, Usage: ru, ModelsCalled: calledModels(res.Sample)}
 	if withTrace {
 		trace := make([]TraceEntry, 0, len(res.Sample.Calls))
@@ -130,7 +130,7 @@ func (c *completion) record(res Result, aerr *apiError) {
 	s := c.s
 	ri := c.ri
 	ri.attrs = append(ri.attrs, slog.String("models_called", strings.Join(calledModels(res.Sample), ",")),
-		slog.Int("calls", len(res.Sample.Calls)), slog.Float64("cost_usd", res.CostUSD), slog.String("end", res.Sample.End),
+		slog.Int("calls", len(res.Sample.Calls)), slog.Float64("cost_usd", roundUSD(res.CostUSD)), slog.String("end", res.Sample.End),
 		slog.Int("policy_tokens", res.PolicyCompletionTokens))
 	if aerr != nil {
 		ri.attrs = append(ri.attrs, slog.String("error", aerr.Message))
@@ -200,7 +200,7 @@ type traceRequest struct {
 }
 
 // formatCost writes USD with 12 decimals at most, without trailing zeros
-// (no float noise such as 0.00007000000000000001).
+// (no float noise such as 0.00007000000000000001), as roundUSD does.
 func formatCost(usd float64) string {
 	s := strings.TrimRight(strconv.FormatFloat(usd, 'f', 12, 64), "0")
 	return strings.TrimSuffix(s, ".")

@@ -443,7 +443,7 @@ type TraceEntry struct {
 // traceEntry converts a pool call.
 func traceEntry(c router.Call) TraceEntry {
 	e := TraceEntry{Turn: c.Turn, Model: c.Model, SubQuery: c.Query, LatencyMS: float64(c.Latency.Microseconds()) / 1000,
-		CostUSD: c.Cost, Cached: c.Cached, Failed: c.Failed,
+		CostUSD: roundUSD(c.Cost), Cached: c.Cached, Failed: c.Failed,
 		Unknown: c.Unknown, Refused: c.Refused}
 	e.PromptTokens, e.CompletionTokens = c.PromptTokens, c.CompletionTokens
 	if c.Failed {
@@ -451,6 +451,10 @@ func traceEntry(c router.Call) TraceEntry {
 	}
 	return e
 }
+
+// roundUSD rounds a cost to 12 decimals (a millionth of a micro-dollar), so
+// sums of prices print as 0.0000068, not 6.800000000000001e-06.
+func roundUSD(usd float64) float64 { return math.Round(usd*1e12) / 1e12 }
 
 // finishReason maps why the router stopped to OpenAI's finish_reason.
 func finishReason(end string) string {

@@ -995,3 +995,23 @@ func TestNewRejects(t *testing.T) {
 		})
 	}
 }
+
+// Costs are sums of float prices; they go out without float noise.
+func TestCostFormat(t *testing.T) {
+	cases := []struct {
+		usd    float64
+		header string
+		json   string
+	}{
+		{0.2*17/1e6 + 0.2*15/1e6, "0.0000064", "0.0000064"},
+		{0.00007000000000000001, "0.00007", "0.00007"},
+		{0, "0", "0"},
+		{1.5, "1.5", "1.5"},
+	}
+	for _, c := range cases {
+		b, _ := json.Marshal(roundUSD(c.usd))
+		if h := formatCost(c.usd); h != c.header || string(b) != c.json {
+			t.Errorf("%v: header %q and JSON %s, want %q and %s", c.usd, h, b, c.header, c.json)
+		}
+	}
+}
