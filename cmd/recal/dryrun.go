@@ -400,6 +400,7 @@ type evalChoices struct {
 	extraModels, largest, selector, knnLog string
 	out                                    string
 	routerDir                              string // --router-dir of the fitted baseline routers
+	sftCheckpoint, cotTemplate             string // --sft-checkpoint and --cot-template
 }
 
 // dryRunEval is `recal eval --dry-run`: what evalSetup and eval.Run would use.
@@ -442,6 +443,25 @@ func dryRunEval(w io.Writer, cfg config.Config, configPath, checkpoint string, s
 		case s.knnLog == "":
 			s.routers = slices.DeleteFunc(slices.Clone(s.routers), func(r string) bool { return r == "knn" })
 			p.line("             (knn skipped: no --knn-log and no rollouts.jsonl beside the checkpoint)")
+		}
+	}
+	if slices.Contains(s.routers, "knn-decomp") && s.knnLog == "" {
+		p.problem("--routers: knn-decomp needs logged outcomes: --knn-log RUN_DIR/rollouts.jsonl (none beside the checkpoint)")
+	}
+	if slices.Contains(s.routers, "sft") {
+		if s.sftCheckpoint == "" {
+			p.problem("--routers: sft needs --sft-checkpoint DIR, made by `%s`", eval.SFTDirectCommand)
+		} else {
+			p.checkPolicy("--sft-checkpoint", s.sftCheckpoint)
+		}
+	}
+	if slices.Contains(s.routers, "cot") {
+		tmpl := s.cotTemplate
+		if tmpl == "" {
+			tmpl = filepath.Join(filepath.Dir(cfg.Router.PromptTemplate), eval.CoTTemplateName)
+		}
+		if !fileExists(tmpl) {
+			p.problem("--routers: cot: its prompt template %s does not exist (--cot-template)", tmpl)
 		}
 	}
 	for _, r := range s.routers {

@@ -169,7 +169,8 @@ func runEval(ctx context.Context, cmd *cli.Command) error {
 		cfg.Data.Test = names
 		return dryRunEval(os.Stdout, cfg, cmd.String("config"), ck, evalChoices{routers: routers, routersSet: cmd.IsSet("routers"),
 			extraModels: cmd.String("extra-models"), largest: cmd.String("largest"), selector: cmd.String("selector"),
-			knnLog: knnLogOf(cmd, ck), out: evalOut(cmd, ck, sel), routerDir: cmd.String("router-dir")})
+			knnLog: knnLogOf(cmd, ck), out: evalOut(cmd, ck, sel), routerDir: cmd.String("router-dir"),
+			sftCheckpoint: cmd.String("sft-checkpoint"), cotTemplate: cmd.String("cot-template")})
 	}
 	qs, sel, err := evalQuestions(cmd, cfg)
 	if err != nil {

@@ -211,3 +211,20 @@ func TestEvalNamesTheMissingCommand(t *testing.T) {
 		})
 	}
 }
+
+// recal eval --dry-run lists what the no-routing and decomposition rows
+// lack, naming the flag or command that supplies it.
+func TestDryRunEvalNewRows(t *testing.T) {
+	ck := testpolicy.Micro(t, "../..", 1)
+	code, _, stderr := runCLI(t, "eval", "--config", "../../recal.toml", "--checkpoint", ck, "--datasets", "nq", "--dry-run",
+		"--routers", "sft,knn-decomp,cot", "--cot-template", filepath.Join(t.TempDir(), "none.tmpl"))
+	if code != 2 {
+		t.Fatalf("exit status %d, want 2; stderr: %s", code, stderr)
+	}
+	got := strings.Join(problemLines(t, stderr), "\n")
+	for _, want := range []string{"knn-decomp needs logged outcomes: --knn-log", "sft needs --sft-checkpoint DIR, made by `recal train-sft-direct", "none.tmpl does not exist"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("problems\n%s\nlack %q", got, want)
+		}
+	}
+}
