@@ -86,6 +86,7 @@ test: deps $(LIB)
 bench: build $(INIT)
 	$(GOENV) $(GO) run ./bench -python $(PYTHON)
 	$(GOENV) $(GO) run ./bench/dist -python $(PYTHON)
+	$(GO) run ./bench/dp
 	$(GO) run ./bench/serve
 
 # The official OpenAI SDK (npm package openai, pinned in scripts/e2e) drives

@@ -809,14 +809,16 @@ int rc_cache_extend(rc_cache* c, int64_t n, const int64_t* rows, int64_t width, 
         sv = sv.masked_fill(drop, -std::numeric_limits<float>::infinity());
         l = torch::full_like(l, -std::numeric_limits<float>::infinity()).scatter(1, si, sv);
       }
-      // Inverse-CDF sampling with one uniform per row drawn from (seed, row,
-      // row length): a row's draw does not depend on which other rows share
-      // the call, so rollouts are reproducible whatever order pool replies
-      // arrive in.
+      // Inverse-CDF sampling with one uniform per row drawn from (seed,
+      // row_base + row, row length): a row's draw does not depend on which
+      // other rows share the call, so rollouts are reproducible whatever
+      // order pool replies arrive in, and (with row_base the rank's first
+      // global row) whatever the number of data-parallel ranks.
       auto probs = torch::softmax(l, -1);
       std::vector<float> u(n);
       for (int64_t i = 0; i < n; i++) {
-        uint64_t z = splitmix64(gen_seed ^ splitmix64((uint64_t)rows[i] * 0x9E3779B97F4A7C15ULL + (uint64_t)c->len[rows[i]]));
+        uint64_t row = (uint64_t)(so->row_base + rows[i]);
+        uint64_t z = splitmix64(gen_seed ^ splitmix64(row * 0x9E3779B97F4A7C15ULL + (uint64_t)c->len[rows[i]]));
         u[i] = (float)((double)(z >> 11) * (1.0 / 9007199254740992.0));
       }
       auto cum = probs.cumsum(-1);

@@ -207,6 +207,7 @@ typedef struct rc_sample_opts {
   double top_p;       /* 1 = off */
   int64_t top_k;      /* 0 = off */
   int32_t want_logp;  /* 0: out_logp is not computed (saves a pass over [rows, vocab]) */
+  int64_t row_base;   /* added to each cache row's index in the draw (a data-parallel rank's first global row) */
 } rc_sample_opts;
 
 /* Appends tokens to n rows and samples the next token of each. tokens is
@@ -216,8 +217,9 @@ typedef struct rc_sample_opts {
  * out_logp[i] (when sample->want_logp) its log-probability under the
  * unscaled softmax. out_logits, if
  * not NULL, receives [n, vocab] float32 logits of that position. Sampling
- * draws one uniform per row from (gen_seed, row, the row's length), so a
- * row's sample does not depend on the other rows of the call. */
+ * draws one uniform per row from (gen_seed, sample->row_base + row, the
+ * row's length), so a row's sample does not depend on the other rows of the
+ * call. */
 int rc_cache_extend(rc_cache* c, int64_t n, const int64_t* rows, int64_t width, const int32_t* tokens,
                     const int64_t* counts, const rc_sample_opts* sample, uint64_t gen_seed, int32_t* out_tokens,
                     float* out_logp, float* out_logits, char** err);

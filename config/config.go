@@ -41,6 +41,8 @@ type Config struct {
 	// ([baselines.mlp], [baselines.routellm_mf], [baselines.routerdc],
 	// [baselines.graphrouter]).
 	Baselines baselines.Config `toml:"baselines"`
+	// Dist is how the ranks of a data-parallel job talk ([dist]).
+	Dist Dist `toml:"dist"`
 }
 
 // Train configures GRPO training ([train]). Paper defaults: batch 64,
@@ -231,6 +233,7 @@ func Default() Config {
 		Serve:     DefaultServe(),
 		Embedding: embed.DefaultConfig(),
 		Baselines: baselines.DefaultConfig(),
+		Dist:      DefaultDist(),
 	}
 }
 
@@ -359,6 +362,9 @@ func (c *Config) Validate() error {
 		return err
 	}
 	if err := c.PPO.Validate(); err != nil {
+		return err
+	}
+	if err := c.Dist.Validate(); err != nil {
 		return err
 	}
 	t := c.Train

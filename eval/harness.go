@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/recal-project/recal/data"
+	"github.com/recal-project/recal/dist"
 	"github.com/recal-project/recal/internal/hfmodel"
 	"github.com/recal-project/recal/trainer"
 )
@@ -41,8 +42,14 @@ func Run(ctx context.Context, s Setup, qs []data.Example, routers []string, outD
 	if log == nil {
 		log = slog.Default()
 	}
-	if err := os.MkdirAll(outDir, 0o755); err != nil {
-		return Table{}, fmt.Errorf("eval: %w", err)
+	g := s.Group
+	if g == nil {
+		g = dist.Single()
+	}
+	if g.Rank() == 0 {
+		if err := os.MkdirAll(outDir, 0o755); err != nil {
+			return Table{}, fmt.Errorf("eval: %w", err)
+		}
 	}
 	t := Table{Datasets: datasetsOf(qs)}
 	memo := map[string]json.RawMessage{}
@@ -55,43 +62,45 @@ func Run(ctx context.Context, s Setup, qs []data.Example, routers []string, outD
 			defer c.Close() // a router holding its own policy (sft)
 		}
 		path := filepath.Join(outDir, "results-"+name+".jsonl")
-		id, err := identityOf(name, s, memo)
-		if err != nil {
-			return Table{}, err
-		}
-		if err := claimResults(path, id, log); err != nil {
-			return Table{}, err
-		}
-		done, err := readResults(path)
-		if err != nil {
-			return Table{}, err
-		}
-		var todo []data.Example
-		for _, q := range qs {
-			if _, ok := done[q.ID]; !ok {
-				todo = append(todo, q)
-			}
-		}
-		if len(done) > 0 && len(todo) < len(qs) {
-			log.Info("resuming", "router", name, "done", len(qs)-len(todo), "left", len(todo))
-		}
-		f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-		if err != nil {
-			return Table{}, fmt.Errorf("eval: %w", err)
-		}
-		for lo := 0; lo < len(todo); lo += s.Batch {
-			part := todo[lo:min(lo+s.Batch, len(todo))]
-			res, err := r.Answer(ctx, part)
+		// Rank 0 alone takes, reads and appends to the results file; every
+		// rank answers its share of what is left (shard.go).
+		var done map[string]trainer.QuestionResult
+		var f *os.File
+		todo, err := sharedTodo(ctx, g, qs, func() ([]data.Example, error) {
+			id, err := identityOf(name, s, memo)
 			if err != nil {
-				f.Close()
-				return Table{}, err
+				return nil, err
 			}
+			if err := claimResults(path, id, log); err != nil {
+				return nil, err
+			}
+			if done, err = readResults(path); err != nil {
+				return nil, err
+			}
+			var todo []data.Example
+			for _, q := range qs {
+				if _, ok := done[q.ID]; !ok {
+					todo = append(todo, q)
+				}
+			}
+			if len(done) > 0 && len(todo) < len(qs) {
+				log.Info("resuming", "router", name, "done", len(qs)-len(todo), "left", len(todo))
+			}
+			if f, err = os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644); err != nil {
+				return nil, fmt.Errorf("eval: %w", err)
+			}
+			return todo, nil
+		})
+		if err != nil {
+			return Table{}, err
+		}
+		answered := len(qs) - len(todo)
+		err = answerShared(ctx, g, r, name, todo, s.Batch, func(res []trainer.QuestionResult) error {
 			var buf strings.Builder
 			for _, q := range res {
 				b, err := json.Marshal(q)
 				if err != nil {
-					f.Close()
-					return Table{}, fmt.Errorf("eval: router %s, question %s: result does not encode: %w", name, q.ID, err)
+					return fmt.Errorf("eval: router %s, question %s: result does not encode: %w", name, q.ID, err)
 				}
 				buf.Write(b)
 				buf.WriteByte('\n')
@@ -100,14 +109,23 @@ func Run(ctx context.Context, s Setup, qs []data.Example, routers []string, outD
 			// One write per batch: a kill loses at most the batch in flight,
 			// and a torn line is skipped on the next run.
 			if _, err := f.WriteString(buf.String()); err != nil {
-				f.Close()
-				return Table{}, fmt.Errorf("eval: %w", err)
+				return fmt.Errorf("eval: %w", err)
 			}
+			answered += len(res)
 			if progress != nil {
-				progress(name, len(qs)-len(todo)+lo+len(part), len(qs))
+				progress(name, answered, len(qs))
 			}
+			return nil
+		})
+		if f != nil {
+			f.Close()
 		}
-		f.Close()
+		if err != nil {
+			return Table{}, err
+		}
+		if g.Rank() != 0 {
+			continue // the table is rank 0's
+		}
 		var mine []trainer.QuestionResult
 		for _, q := range qs {
 			mine = append(mine, done[q.ID])

@@ -18,6 +18,7 @@ import (
 	"strings"
 
 	"github.com/recal-project/recal/data"
+	"github.com/recal-project/recal/dist"
 	"github.com/recal-project/recal/embed"
 	"github.com/recal-project/recal/llmpool"
 	"github.com/recal-project/recal/router"
@@ -52,6 +53,10 @@ type Setup struct {
 	// Pool is the configuration Env's pool was built from; its part that
 	// decides answers keys the results files (see identity.go).
 	Pool llmpool.Config
+	// Group is the data-parallel process group (nil: one process): Run
+	// shares each router's questions among its ranks, and rank 0 alone
+	// writes the results and returns the table (shard.go).
+	Group dist.Group
 }
 
 // Spec is a registered router.

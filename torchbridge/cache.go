@@ -108,7 +108,8 @@ type Step struct {
 	Rows       []int
 	Tokens     [][]int32 // Tokens[i] (non-empty) is appended to row Rows[i]
 	Sampling   Sampling
-	Seed       uint64 // seeds sampling: a row's draw depends on (Seed, row, its length) only
+	Seed       uint64 // seeds sampling: a row's draw depends on (Seed, RowBase + row, its length) only
+	RowBase    int    // added to each row's index in the draw: a data-parallel rank's first global row, so a row draws alike whatever the world size
 	WantLogp   bool   // compute Result.Logp (costs a pass over [len(Rows), vocab]); else it is zeros
 	WantLogits bool   // also return the [len(Rows), vocab] logits
 }
@@ -147,7 +148,8 @@ func (c *Cache) Extend(ctx context.Context, s Step) (Result, error) {
 	if s.WantLogits {
 		logits = make([]float32, n*c.vocab)
 	}
-	so := C.rc_sample_opts{temperature: C.double(s.Sampling.Temperature), top_p: C.double(s.Sampling.TopP), top_k: C.int64_t(s.Sampling.TopK)}
+	so := C.rc_sample_opts{temperature: C.double(s.Sampling.Temperature), top_p: C.double(s.Sampling.TopP), top_k: C.int64_t(s.Sampling.TopK),
+		row_base: C.int64_t(s.RowBase)}
 	if s.WantLogp {
 		so.want_logp = 1
 	}

@@ -67,15 +67,18 @@ func (e *Engine) Close() error { return e.Policy.Close() }
 
 // Decoder lets generate and router drive a torchbridge KV cache. Logp asks
 // for the sampled tokens' log-probabilities (training needs them; greedy
-// evaluation does not).
+// evaluation does not). RowBase is the global row of cache row 0: a
+// data-parallel rank holding rows [RowBase, RowBase+n) of a step's batch
+// draws for each row what one process would draw for it.
 type Decoder struct {
-	C    *torchbridge.Cache
-	Logp bool
+	C       *torchbridge.Cache
+	Logp    bool
+	RowBase int
 }
 
 // Extend implements generate.Decoder.
 func (d Decoder) Extend(ctx context.Context, rows []int, tokens [][]int32, s generate.Sampling, seed uint64) ([]int32, []float32, error) {
-	r, err := d.C.Extend(ctx, torchbridge.Step{Rows: rows, Tokens: tokens, Seed: seed, WantLogp: d.Logp,
+	r, err := d.C.Extend(ctx, torchbridge.Step{Rows: rows, Tokens: tokens, Seed: seed, WantLogp: d.Logp, RowBase: d.RowBase,
 		Sampling: torchbridge.Sampling{Temperature: s.Temperature, TopP: s.TopP, TopK: s.TopK}})
 	return r.Next, r.Logp, err
 }

@@ -101,6 +101,14 @@ func Question(ex data.Example) llmpool.Question {
 // KV cache: response i·g+j is sample j of question i. logp asks for the
 // log-probabilities of the sampled tokens (the loss needs them).
 func (e *Env) Roll(ctx context.Context, qs []data.Example, g int, s generate.Sampling, seed uint64, logp bool) ([]router.Sample, router.Stats, error) {
+	return e.RollRows(ctx, qs, g, s, seed, logp, 0)
+}
+
+// RollRows is Roll for the responses [first, first+len(qs)·g) of a larger
+// batch: each samples what response first+k of that batch would (see
+// Decoder.RowBase), so a data-parallel rank rolls out its share exactly as
+// one process rolls out the whole batch.
+func (e *Env) RollRows(ctx context.Context, qs []data.Example, g int, s generate.Sampling, seed uint64, logp bool, first int) ([]router.Sample, router.Stats, error) {
 	var jobs []router.Job
 	longest := 0
 	for _, q := range qs {
@@ -119,7 +127,7 @@ func (e *Env) Roll(ctx context.Context, qs []data.Example, g int, s generate.Sam
 		return nil, router.Stats{}, err
 	}
 	defer cache.Close()
-	return router.Rollout(ctx, Decoder{C: cache, Logp: logp}, e.Engine.Tok, e.Pool, e.Router, jobs, s, e.Engine.EOS, seed)
+	return router.Rollout(ctx, Decoder{C: cache, Logp: logp, RowBase: first}, e.Engine.Tok, e.Pool, e.Router, jobs, s, e.Engine.EOS, seed)
 }
 
 // WithPrompt returns an environment sharing e's policy and pool but with

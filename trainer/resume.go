@@ -31,6 +31,7 @@ var OperationalKeys = []string{
 	"train.log_every", "train.checkpoint_every", "train.validate_every", "train.max_skipped_updates",
 	"train.micro_batch", "train.head_chunk", // memory knobs: the same sums, grouped differently
 	"eval.*", "serve.*",
+	"dist.*",                     // how ranks talk; the world size is not a key either: a resume may change it
 	"embedding.*", "baselines.*", // read by the baseline routers only
 	"data.test", "data.test_per_dataset", // read by evaluation only
 	"pool.cache", "pool.cache_dir", "pool.max_concurrency",

@@ -55,6 +55,9 @@ type runDir struct {
 	metrics, rollouts, vals *os.File
 	sft                     *os.File
 	ops                     fileOps // the checkpoint writer's file operations (nil: directOps)
+	// follower marks the run folder as a data-parallel rank other than 0
+	// sees it: read, never written (the logs are rank 0's).
+	follower bool
 }
 
 // runPlan is what Train found in the run folder before writing anything.
@@ -151,6 +154,10 @@ func openRun(p runPlan, cfg config.Config) (*runDir, error) {
 	}
 	return r, nil
 }
+
+// followRun is the run folder of a plan for a rank that does not write it
+// (ranks other than 0): its log methods do nothing.
+func followRun(p runPlan) *runDir { return &runDir{dir: p.dir, last: p.last, follower: true} }
 
 // recordConfig writes config.toml for a new run (or a resumed folder that
 // has none) and, for a resume that allowed changes, appends the change to
@@ -340,6 +347,9 @@ type rolloutLine struct {
 }
 
 func (r *runDir) logStep(m Metrics, qs []data.Example, g int, samples []router.Sample, rewards []router.Rewards, cal calibration.Result, ppo []*ppoRecord) error {
+	if r.follower {
+		return nil
+	}
 	var buf bytes.Buffer
 	for i, s := range samples {
 		q := qs[i/g]
@@ -369,7 +379,19 @@ func (r *runDir) logStep(m Metrics, qs []data.Example, g int, samples []router.S
 	return writeJSONLine(r.metrics, m)
 }
 
-func (r *runDir) logValidation(v ValidationResult) error { return writeJSONLine(r.vals, v) }
+func (r *runDir) logValidation(v ValidationResult) error {
+	if r.follower {
+		return nil
+	}
+	return writeJSONLine(r.vals, v)
+}
+
+func (r *runDir) logSFT(l sftLine) error {
+	if r.follower {
+		return nil
+	}
+	return writeJSONLine(r.sft, l)
+}
 
 // readLines decodes every complete line of a JSONL file into T.
 func readLines[T any](path string) ([]T, error) {

@@ -118,12 +118,13 @@ type sftLine struct {
 }
 
 // runSFT is the supervised warm-up: maximum likelihood of the policy tokens
-// of format demonstrations (BuildDemos), fitted by fitDemos.
-func runSFT(ctx context.Context, cfg config.Config, env *Env, train []data.Example, run *runDir, log *slog.Logger) error {
+// of format demonstrations (BuildDemos), fitted by fitDemos, data-parallel
+// over the ranks of r.
+func runSFT(ctx context.Context, cfg config.Config, env *Env, r ranks, train []data.Example, run *runDir, log *slog.Logger) error {
 	build := func(step int, qs []data.Example) ([]Demo, error) {
 		return BuildDemos(ctx, env, qs, cfg.Train.Seed+int64(step), float32(cfg.SFT.AnswerWeight))
 	}
-	return fitDemos(ctx, cfg, env.Engine.Policy, train, "sft", build, func(l sftLine) error { return writeJSONLine(run.sft, l) }, log)
+	return fitShared(ctx, cfg, env.Engine.Policy, r, train, "sft", build, run.logSFT, log)
 }
 
 // fitDemos runs sft.steps steps of maximum likelihood of the policy tokens
@@ -133,16 +134,63 @@ func runSFT(ctx context.Context, cfg config.Config, env *Env, train []data.Examp
 // zero. record receives one line per step, tagged with stage.
 func fitDemos(ctx context.Context, cfg config.Config, p *torchbridge.Policy, train []data.Example, stage string,
 	build func(step int, qs []data.Example) ([]Demo, error), record func(sftLine) error, log *slog.Logger) error {
+	r, err := newRanks(nil, p)
+	if err != nil {
+		return err
+	}
+	return fitShared(ctx, cfg, p, r, train, stage, build, record, log)
+}
+
+// sftPart is one rank's part of a warm-up step: the demonstrations of its
+// share of the questions, or that building them was interrupted.
+type sftPart struct {
+	Interrupted bool
+	Demos       []Demo
+}
+
+// fitShared is fitDemos over the ranks of r. Every rank draws the same
+// questions and builds (asks the pool for) the demonstrations of its
+// contiguous share; the demonstrations are all-gathered, and every rank
+// then fits the whole batch exactly as one process does: the same
+// micro-batches, the same float32 sums, no gradient all-reduce. So the
+// warm-up ends with the weights of one process bit for bit (given the same
+// threads per process; sameWeights checks the replicas agree) and the pool
+// calls, its slow part with real models, are shared. Its forward and
+// backward passes are repeated on every rank, not split: N ranks warm up
+// no faster than one.
+func fitShared(ctx context.Context, cfg config.Config, p *torchbridge.Policy, r ranks, train []data.Example, stage string,
+	build func(step int, qs []data.Example) ([]Demo, error), record func(sftLine) error, log *slog.Logger) error {
 	sampler, err := data.NewSampler(train, cfg.Train.Seed+1)
 	if err != nil {
 		return err
 	}
 	tc := cfg.Train
 	adam := torchbridge.AdamW{LR: cfg.SFT.LR, Beta1: tc.Beta1, Beta2: tc.Beta2, Eps: tc.AdamEps, WeightDecay: tc.WeightDecay, MaxGradNorm: tc.MaxGradNorm}
+	// Once the ranks agreed on a step, it runs to its end on all of them.
+	work := context.WithoutCancel(ctx)
 	for step := 1; step <= cfg.SFT.Steps; step++ {
-		demos, err := build(step, sampler.Next(cfg.SFT.BatchSize))
+		qs := sampler.Next(cfg.SFT.BatchSize)
+		lo, hi := r.share(len(qs))
+		var mine sftPart
+		mine.Demos, err = build(step, qs[lo:hi])
+		if err != nil {
+			if ctx.Err() == nil {
+				return err
+			}
+			mine = sftPart{Interrupted: true}
+		}
+		// Collective: every rank's demonstrations, in question order; an
+		// interruption on any rank stops all.
+		parts, err := allGather(work, r, "demonstrations", mine)
 		if err != nil {
 			return err
+		}
+		var demos []Demo
+		for _, pt := range parts {
+			if pt.Interrupted {
+				return ErrInterrupted
+			}
+			demos = append(demos, pt.Demos...)
 		}
 		var seqs [][]int32
 		var masks [][]float32
@@ -166,7 +214,7 @@ func fitDemos(ctx context.Context, cfg config.Config, p *torchbridge.Policy, tra
 		var nll float64
 		for lo := 0; lo < len(seqs); lo += tc.MicroBatch {
 			hi := min(lo+tc.MicroBatch, len(seqs))
-			n, _, err := p.BackwardNLL(ctx, seqs[lo:hi], masks[lo:hi], 1/total, tc.HeadChunk)
+			n, _, err := p.BackwardNLL(work, seqs[lo:hi], masks[lo:hi], 1/total, tc.HeadChunk)
 			if err != nil {
 				return err
 			}
@@ -176,7 +224,7 @@ func fitDemos(ctx context.Context, cfg config.Config, p *torchbridge.Policy, tra
 		// tilted by its last batches (which would bias the routing choice
 		// GRPO starts from).
 		adam.LR = cfg.SFT.LR * float64(cfg.SFT.Steps-step+1) / float64(cfg.SFT.Steps)
-		if _, err := p.Step(ctx, adam); err != nil {
+		if _, err := p.Step(work, adam); err != nil {
 			return err
 		}
 		if err := record(sftLine{Stage: stage, Step: step, NLL: nll / total, Tokens: tokens, Demos: len(seqs)}); err != nil {
@@ -186,5 +234,6 @@ func fitDemos(ctx context.Context, cfg config.Config, p *torchbridge.Policy, tra
 			log.Info(stage, "step", step, "of", cfg.SFT.Steps, "nll", fmt.Sprintf("%.3f", nll/total))
 		}
 	}
-	return nil
+	// Collective: the replicas must have come out equal.
+	return r.sameWeights(work, p)
 }

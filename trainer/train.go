@@ -13,6 +13,7 @@ import (
 
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
+	"github.com/recal-project/recal/dist"
 	"github.com/recal-project/recal/generate"
 	"github.com/recal-project/recal/router"
 	"github.com/recal-project/recal/torchbridge"
@@ -41,20 +42,37 @@ type Options struct {
 	// StopAfter, when > 0, ends the run after this many GRPO steps of this
 	// invocation, as an interruption would (used by tests of --resume).
 	StopAfter int
+	// Group is this process's data-parallel process group (JoinGroup); nil
+	// is one process. Every rank calls Train with the same configuration
+	// and run folder (on a filesystem they share); rank 0 alone writes it.
+	Group dist.Group
+	// Device overrides policy.device for this process (RankDevice:
+	// cuda:LOCAL_RANK for a rank of a job on GPUs); "" keeps it.
+	Device string
 }
 
 // Train runs the whole job: the optional supervised warm-up, then GRPO with
 // ReCal's calibrated advantages (or the algorithm train.algorithm names),
-// with validation, checkpoints and logs in opt.RunDir.
+// with validation, checkpoints and logs in opt.RunDir. With a process group
+// of N ranks it computes what one process computes (see dist.go).
 func Train(ctx context.Context, cfg config.Config, opt Options) error {
 	log := opt.Log
 	if log == nil {
 		log = slog.Default()
 	}
 	tc := cfg.Train
+	device := cfg.Policy.Device
+	if opt.Device != "" {
+		device = opt.Device
+	}
 	algo, err := newAlgorithm(cfg) // train.algorithm: "grpo" or "ppo" (algorithm.go)
 	if err != nil {
 		return err
+	}
+	if opt.Group != nil {
+		if err := checkWorld(cfg, opt.Group.Size()); err != nil {
+			return err
+		}
 	}
 	// Everything is checked and loaded before the run folder is written, so
 	// that a job failing at start leaves nothing a second attempt trips on.
@@ -86,15 +104,26 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 	if plan.last != "" {
 		start = plan.last
 	}
-	eng, err := OpenEngine(start, torchbridge.Options{Device: cfg.Policy.Device, DType: cfg.Policy.DType})
+	eng, err := OpenEngine(start, torchbridge.Options{Device: device, DType: cfg.Policy.DType})
 	if err != nil {
 		return err
 	}
 	defer eng.Close()
+	r, err := newRanks(opt.Group, eng.Policy)
+	if err != nil {
+		return err
+	}
+	// Collective: every rank continues from the same checkpoint.
+	if err := r.samePlan(ctx, plan); err != nil {
+		return err
+	}
 	if err := algo.prepare(eng.Policy, start, plan.last != ""); err != nil { // PPO: the value head
 		return err
 	}
-	env, err := NewEnv(cfg, eng, AnswerBank(trainSet, valSet), log)
+	// Each rank gets its share of the pool's global limits.
+	ec := cfg
+	ec.Pool = SharePool(cfg.Pool, r.Rank(), r.Size(), log)
+	env, err := NewEnv(ec, eng, AnswerBank(trainSet, valSet), log)
 	if err != nil {
 		return err
 	}
@@ -117,16 +146,22 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 		}
 		log.Warn("resuming with a changed configuration", "from_step", st.Step+1, "keys", strings.Join(keys, ","))
 	}
-	run, err := openRun(plan, cfg)
-	if err != nil {
-		return err
+	// Rank 0 writes the run folder; the other ranks only read it.
+	run := followRun(plan)
+	if r.leader() {
+		if run, err = openRun(plan, cfg); err != nil {
+			return err
+		}
 	}
 	defer run.Close()
+	j := &job{cfg: cfg, r: r, algo: algo, env: env, eng: eng, st: &st, sampler: sampler, run: run, log: log,
+		adam:     algo.adamW(torchbridge.AdamW{LR: tc.LR, Beta1: tc.Beta1, Beta2: tc.Beta2, Eps: tc.AdamEps, WeightDecay: tc.WeightDecay, MaxGradNorm: tc.MaxGradNorm}),
+		sampling: generate.Sampling{Temperature: tc.Temperature, TopP: tc.TopP}}
 
 	// Stage 1: supervised warm-up on format demonstrations.
 	if cfg.SFT.Steps > 0 && !st.SFTDone {
-		if err := runSFT(ctx, cfg, env, trainSet, run, log); err != nil {
-			if ctx.Err() != nil {
+		if err := runSFT(ctx, cfg, env, r, trainSet, run, log); err != nil {
+			if errors.Is(err, ErrInterrupted) || ctx.Err() != nil {
 				return ErrInterrupted // the SFT stage restarts on --resume
 			}
 			return err
@@ -145,178 +180,277 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 				return err
 			}
 		}
-		if err := run.checkpoint(eng, &st, sampler, "sft"); err != nil {
+		if err := j.checkpoint(ctx, "sft"); err != nil {
 			return err
 		}
 	}
 
-	// The KL reference is the frozen policy at the start of GRPO.
-	var ref *torchbridge.Policy
+	// The KL reference is the frozen policy at the start of GRPO, loaded on
+	// every rank.
 	if tc.KLCoef > 0 {
 		refDir := cfg.Policy.Checkpoint
 		if st.SFTDone {
 			refDir = filepath.Join(run.dir, "checkpoints", "sft")
 		}
-		if ref, err = torchbridge.LoadPolicy(refDir, torchbridge.Options{Device: cfg.Policy.Device, DType: cfg.Policy.DType}); err != nil {
+		if j.ref, err = torchbridge.LoadPolicy(refDir, torchbridge.Options{Device: device, DType: cfg.Policy.DType}); err != nil {
 			return err
 		}
-		defer ref.Close()
-		if err := ref.SetTrainable(false); err != nil {
+		defer j.ref.Close()
+		if err := j.ref.SetTrainable(false); err != nil {
 			return err
 		}
 	}
 
 	progress := newProgress(tc.Steps, tc.LogEvery, log)
-	adam := algo.adamW(torchbridge.AdamW{LR: tc.LR, Beta1: tc.Beta1, Beta2: tc.Beta2, Eps: tc.AdamEps, WeightDecay: tc.WeightDecay, MaxGradNorm: tc.MaxGradNorm})
-	sampling := generate.Sampling{Temperature: tc.Temperature, TopP: tc.TopP}
 	done := 0
 	for st.Step < tc.Steps {
-		if ctx.Err() != nil || (opt.StopAfter > 0 && done >= opt.StopAfter) {
-			if err := run.checkpoint(eng, &st, sampler, ""); err != nil {
+		// Collective: the ranks stop together, after a checkpoint, when any
+		// of them was interrupted.
+		stop, err := r.anyOf(ctx, ctx.Err() != nil || (opt.StopAfter > 0 && done >= opt.StopAfter))
+		if err != nil {
+			return err
+		}
+		if stop {
+			if err := j.checkpoint(ctx, ""); err != nil {
 				return err
 			}
 			return ErrInterrupted
 		}
-		step := st.Step + 1
-		t0 := time.Now()
-		usage0 := env.Pool.Usage()
-		samplerBefore := sampler.State()
 
-		// 1. Sample a batch of questions across datasets.
-		qs := sampler.Next(tc.BatchSize)
-
-		// 2. G rollouts per question (blocking: decoding on the torch
-		// thread, pool calls fanned out concurrently meanwhile).
-		samples, rstats, err := env.Roll(ctx, qs, tc.GroupSize, sampling, stepSeed(tc.Seed, step), true)
+		// One GRPO step: sample, roll out, score, calibrate, update.
+		s, err := j.step(ctx)
 		if err != nil {
-			if ctx.Err() != nil {
-				// The interrupted step is redone on --resume.
-				if err := sampler.Restore(samplerBefore); err != nil {
-					return err
-				}
-				continue
-			}
-			return err
+			return fmt.Errorf("trainer: step %d: %w", st.Step+1, err)
 		}
-
-		// 3. Raw rewards, with the balance counts from before this step.
-		rewards := make([]router.Rewards, len(samples))
-		var stepCalls []string
-		for i, s := range samples {
-			q := qs[i/tc.GroupSize]
-			calls := s.CalledModels()
-			stepCalls = append(stepCalls, calls...)
-			rewards[i] = router.Score(&samples[i], q.Golden, cfg.Router.MaxTurns, env.Known, st.Balance)
+		if s == nil {
+			continue // interrupted during the rollouts: redone on --resume
 		}
-
-		// 4. Sequences for the loss: prompt + response, policy tokens masked in.
-		seqs := make([]torchbridge.Sequence, len(samples))
-		for i, s := range samples {
-			prompt, err := env.PromptTokens(qs[i/tc.GroupSize])
-			if err != nil {
-				return err
-			}
-			seqs[i] = sequence(prompt, s, 0)
-		}
-		// From here on the step runs to its end even when interrupted, so a
-		// checkpoint never holds a half-applied update.
-		work := context.WithoutCancel(ctx)
-		if ref != nil { // KL reference log-probs (a forward pass of the frozen policy)
-			if err := refLogp(work, ref, seqs, tc.MicroBatch); err != nil {
-				return err
-			}
-		}
-
-		// 5. The advantages the loss uses: ReCal's calibration (GRPO) or
-		// GAE with the value head (PPO).
-		adv := &stepBatch{qs: qs, g: tc.GroupSize, samples: samples, rewards: rewards, seqs: seqs, st: &st}
-		if err := algo.advantages(work, eng.Policy, adv); err != nil {
-			return err
-		}
-
-		// 6. Loss and backward over micro-batches, one optimizer step per
-		// mini-batch (the expensive part: forward+backward through libtorch).
-		var loss torchbridge.LossStats
-		var gradNorms []float64
-		skipped := 0 // optimizer updates of this step skipped for a non-finite gradient norm
-		for j, mb := range split(len(seqs), tc.MiniBatches) {
-			tokens := 0.0
-			for _, i := range mb {
-				tokens += policyTokens(seqs[i])
-			}
-			if tokens == 0 {
-				continue
-			}
-			lo := algo.loss(torchbridge.LossOptions{ClipEps: tc.ClipEps, KLCoef: tc.KLCoef, EntropyCoef: tc.EntropyCoef, Scale: 1 / tokens, HeadChunk: tc.HeadChunk})
-			for _, micro := range chunks(mb, tc.MicroBatch) {
-				part := make([]torchbridge.Sequence, len(micro))
-				for k, i := range micro {
-					part[k] = seqs[i]
-				}
-				ls, err := eng.Policy.Backward(work, part, lo)
-				if err != nil {
-					return err
-				}
-				loss.Add(ls)
-			}
-			gn, err := eng.Policy.Step(work, adam)
-			if err != nil {
-				return err
-			}
-			if torchbridge.Skipped(gn) {
-				// A NaN/Inf gradient: the bridge left the weights and the
-				// optimizer untouched. Count it, say so, and stop below
-				// after train.max_skipped_updates in a row.
-				skipped++
-				st.SkippedUpdates++
-				st.ConsecutiveSkips++
-				log.Warn("optimizer update skipped: non-finite gradient norm", "step", step, "mini_batch", j+1,
-					"grad_norm", fmt.Sprint(gn), "consecutive", st.ConsecutiveSkips, "total", st.SkippedUpdates)
-				continue
-			}
-			st.ConsecutiveSkips = 0
-			gradNorms = append(gradNorms, gn)
-		}
-
-		// 7. Bookkeeping: EMA routing counts, logs, step counter.
-		st.Balance.Update(stepCalls)
-		st.Step = step
 		done++
-		m := stepMetrics(step, samples, rewards, adv.logged, loss, gradNorms, rstats, env.Pool.Usage().Sub(usage0), len(qs), time.Since(t0), env.Pool.Models())
-		m.SkippedUpdates, m.SkippedUpdatesTotal = skipped, st.SkippedUpdates
-		algo.metrics(adv, loss, &m)
-		if err := run.logStep(m, qs, tc.GroupSize, samples, rewards, adv.logged, adv.ppo); err != nil {
+
+		// Log (rank 0): metrics.jsonl, rollouts.jsonl (every rank's
+		// responses, in global row order), progress.
+		if err := run.logStep(s.metrics, s.batch.qs, tc.GroupSize, s.batch.samples, s.batch.rewards, s.batch.logged, s.batch.ppo); err != nil {
 			return err
 		}
-		progress.update(m)
+		if r.leader() {
+			progress.update(s.metrics)
+		}
 		if tc.MaxSkippedUpdates > 0 && st.ConsecutiveSkips >= tc.MaxSkippedUpdates {
 			// No checkpoint: the newest one predates the trouble.
 			return fmt.Errorf("%w: step %d: %d consecutive optimizer updates skipped (train.max_skipped_updates = %d); the weights or the batch hold NaN/Inf",
-				ErrNonFiniteGradients, step, st.ConsecutiveSkips, tc.MaxSkippedUpdates)
+				ErrNonFiniteGradients, st.Step, st.ConsecutiveSkips, tc.MaxSkippedUpdates)
 		}
 
-		// 8. Validation and checkpoints.
+		// Validation (each rank answers its share; rank 0 logs the
+		// merged table) and checkpoints.
 		last := st.Step == tc.Steps
-		if (tc.ValidateEvery > 0 && step%tc.ValidateEvery == 0) || last {
-			v, err := Validate(ctx, env, valSet, cfg.Eval.Batch, step)
-			if err != nil && ctx.Err() == nil {
+		if (tc.ValidateEvery > 0 && st.Step%tc.ValidateEvery == 0) || last {
+			v, ok, err := validateShared(ctx, r, env, valSet, cfg.Eval.Batch, st.Step)
+			if err != nil {
 				return err
 			}
-			if err == nil {
+			if ok {
 				if err := run.logValidation(v); err != nil {
 					return err
 				}
-				log.Info("validation", "step", step, "em", fmt.Sprintf("%.3f", v.Avg.EM), "f1", fmt.Sprintf("%.3f", v.Avg.F1))
+				if r.leader() {
+					log.Info("validation", "step", st.Step, "em", fmt.Sprintf("%.3f", v.Avg.EM), "f1", fmt.Sprintf("%.3f", v.Avg.F1))
+				}
 			}
 		}
-		if step%tc.CheckpointEvery == 0 || last {
-			if err := run.checkpoint(eng, &st, sampler, ""); err != nil {
+		if st.Step%tc.CheckpointEvery == 0 || last {
+			if err := j.checkpoint(ctx, ""); err != nil {
 				return err
 			}
 		}
 	}
-	progress.finish()
+	if r.leader() {
+		progress.finish()
+	}
 	return nil
+}
+
+// job is what the steps of a training run share.
+type job struct {
+	cfg      config.Config
+	r        ranks
+	algo     algorithm
+	env      *Env
+	eng      *Engine
+	ref      *torchbridge.Policy // the KL reference (nil without one)
+	st       *State
+	sampler  *data.Sampler
+	run      *runDir
+	log      *slog.Logger
+	adam     torchbridge.AdamW
+	sampling generate.Sampling
+}
+
+// stepResult is what a GRPO step leaves for the log.
+type stepResult struct {
+	batch   *stepBatch // the whole batch: every rank's responses, rewards and advantages
+	metrics Metrics
+}
+
+// step runs GRPO step st.Step+1 on this rank's share of the batch and
+// applies the update every rank applies. It returns nil, on every rank,
+// when a rank's rollouts were interrupted: nothing changed and the sampler
+// is back where it was.
+func (j *job) step(ctx context.Context) (*stepResult, error) {
+	tc, st, r, env := j.cfg.Train, j.st, j.r, j.env
+	step := st.Step + 1
+	t0 := time.Now()
+	usage0 := env.Pool.Usage()
+	samplerBefore := j.sampler.State()
+
+	// 1. Sample a batch of questions across datasets; every rank draws the
+	// same ones and takes its contiguous share of whole groups.
+	qs := j.sampler.Next(tc.BatchSize)
+	qlo, qhi := r.share(len(qs))
+	lo, hi := qlo*tc.GroupSize, qhi*tc.GroupSize // this rank's global rows
+
+	// 2. G rollouts per question (blocking: decoding on the torch thread,
+	// pool calls fanned out concurrently meanwhile). Rows sample as the
+	// same global rows of one process would.
+	local, rstats, err := env.RollRows(ctx, qs[qlo:qhi], tc.GroupSize, j.sampling, stepSeed(tc.Seed, step), true, lo)
+	interrupted := false
+	if err != nil {
+		if ctx.Err() == nil {
+			return nil, err
+		}
+		interrupted = true
+	}
+
+	// 3. Raw rewards of this rank's responses, with the balance counts from
+	// before this step, and their sequences for the loss (prompt +
+	// response, policy tokens masked in). seqs is indexed by global row;
+	// only this rank's rows are filled.
+	mine := rankRollout{Interrupted: interrupted}
+	seqs := make([]torchbridge.Sequence, tc.BatchSize*tc.GroupSize)
+	for k := 0; k < len(local) && !interrupted; k++ {
+		i := lo + k
+		q := qs[i/tc.GroupSize]
+		rw := router.Score(&local[k], q.Golden, j.cfg.Router.MaxTurns, env.Known, st.Balance)
+		prompt, err := env.PromptTokens(q)
+		if err != nil {
+			return nil, err
+		}
+		seqs[i] = sequence(prompt, local[k], 0)
+		mine.Rows = append(mine.Rows, record(local[k], rw, policyTokens(seqs[i])))
+	}
+
+	// 4. Collective: all-gather the responses and rewards of every rank,
+	// in global row order. An interruption on any rank drops the step on
+	// all of them (it is redone on --resume).
+	samples, rewards, tokens, interrupted, err := r.gatherRollouts(context.WithoutCancel(ctx), mine)
+	if err != nil {
+		return nil, err
+	}
+	if interrupted {
+		return nil, j.sampler.Restore(samplerBefore)
+	}
+	var stepCalls []string
+	for _, s := range samples {
+		stepCalls = append(stepCalls, s.CalledModels()...)
+	}
+	// From here on the step runs to its end even when interrupted, so a
+	// checkpoint never holds a half-applied update.
+	work := context.WithoutCancel(ctx)
+	if j.ref != nil { // KL reference log-probs (a forward pass of the frozen policy)
+		if err := refLogp(work, j.ref, seqs[lo:hi], tc.MicroBatch); err != nil {
+			return nil, err
+		}
+	}
+
+	// 5. The advantages the loss uses, computed on the whole batch on every
+	// rank: ReCal's calibration (GRPO) or GAE with the value head (PPO, one
+	// rank only).
+	adv := &stepBatch{qs: qs, g: tc.GroupSize, samples: samples, rewards: rewards, seqs: seqs, st: st}
+	if err := j.algo.advantages(work, j.eng.Policy, adv); err != nil {
+		return nil, err
+	}
+
+	// 6. Loss and backward over this rank's micro-batches, scaled by the
+	// mini-batch's policy tokens over all ranks; then the gradients are
+	// summed over the ranks and every rank takes the same optimizer step
+	// (the expensive part: forward+backward through libtorch).
+	var gradNorms []float64
+	skipped := 0 // optimizer updates of this step skipped for a non-finite gradient norm
+	var mineLoss rankLoss
+	for mbi, mb := range split(len(seqs), tc.MiniBatches) {
+		total := 0.0
+		var rows []int // this rank's rows of the mini-batch
+		for _, i := range mb {
+			total += tokens[i]
+			if i >= lo && i < hi {
+				rows = append(rows, i)
+			}
+		}
+		mineLoss.Micro = append(mineLoss.Micro, nil)
+		if total == 0 {
+			continue
+		}
+		lopt := j.algo.loss(torchbridge.LossOptions{ClipEps: tc.ClipEps, KLCoef: tc.KLCoef, EntropyCoef: tc.EntropyCoef, Scale: 1 / total, HeadChunk: tc.HeadChunk})
+		for _, micro := range chunks(rows, tc.MicroBatch) {
+			part := make([]torchbridge.Sequence, len(micro))
+			for k, i := range micro {
+				part[k] = seqs[i]
+			}
+			ls, err := j.eng.Policy.Backward(work, part, lopt)
+			if err != nil {
+				return nil, err
+			}
+			mineLoss.Micro[mbi] = append(mineLoss.Micro[mbi], ls)
+		}
+		// Collective: the sum of every rank's gradients, before clipping.
+		if err := r.grads.AllReduceGrads(work); err != nil {
+			return nil, err
+		}
+		gn, err := j.eng.Policy.Step(work, j.adam)
+		if err != nil {
+			return nil, err
+		}
+		if torchbridge.Skipped(gn) {
+			// A NaN/Inf gradient: the bridge left the weights and the
+			// optimizer untouched. Count it, say so, and stop after
+			// train.max_skipped_updates in a row.
+			skipped++
+			st.SkippedUpdates++
+			st.ConsecutiveSkips++
+			j.log.Warn("optimizer update skipped: non-finite gradient norm", "step", step, "mini_batch", mbi+1,
+				"grad_norm", fmt.Sprint(gn), "consecutive", st.ConsecutiveSkips, "total", st.SkippedUpdates)
+			continue
+		}
+		st.ConsecutiveSkips = 0
+		gradNorms = append(gradNorms, gn)
+	}
+	// Collective: the loss statistics and pool usage of every rank.
+	mineLoss.Usage = env.Pool.Usage().Sub(usage0)
+	loss, usage, err := r.gatherLoss(work, mineLoss)
+	if err != nil {
+		return nil, err
+	}
+
+	// 7. Bookkeeping: EMA routing counts (every rank's calls), metrics,
+	// step counter.
+	st.Balance.Update(stepCalls)
+	st.Step = step
+	m := stepMetrics(step, samples, rewards, adv.logged, loss, gradNorms, rstats, usage, len(qs), time.Since(t0), env.Pool.Models())
+	m.SkippedUpdates, m.SkippedUpdatesTotal = skipped, st.SkippedUpdates
+	j.algo.metrics(adv, loss, &m)
+	return &stepResult{batch: adv, metrics: m}, nil
+}
+
+// checkpoint has rank 0 write checkpoints/<name> (step-N when name is "")
+// and the other ranks wait for it: they may read it next (the KL
+// reference), and a failed write stops them all.
+func (j *job) checkpoint(ctx context.Context, name string) error {
+	if j.r.leader() {
+		if err := j.run.checkpoint(j.eng, j.st, j.sampler, name); err != nil {
+			return err
+		}
+	}
+	return j.r.barrier(context.WithoutCancel(ctx))
 }
 
 // stepSeed derives the sampling seed of a step, so that a resumed run draws

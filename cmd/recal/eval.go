@@ -15,6 +15,7 @@ import (
 	"github.com/recal-project/recal/calibration"
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
+	"github.com/recal-project/recal/dist"
 	"github.com/recal-project/recal/eval"
 	"github.com/recal-project/recal/torchbridge"
 	"github.com/recal-project/recal/trainer"
@@ -52,6 +53,7 @@ func evalCommand() *cli.Command {
 			&cli.StringFlag{Name: "checkpoint", Usage: "policy checkpoint folder (required for the policy and direct routers)"},
 			&cli.StringFlag{Name: "out", Usage: "output folder (default <checkpoint>/../../eval-<split>, or runs/eval-<split>)"},
 			&cli.BoolFlag{Name: "dry-run", Usage: "check the config, checkpoint, data, pool and API keys, print a summary and exit (0, or 2 listing every problem); loads and writes nothing"},
+			nprocFlag(),
 		), evalFlags()...),
 		Action: runEval,
 	}
@@ -176,23 +178,48 @@ func runEval(ctx context.Context, cmd *cli.Command) error {
 	if err != nil {
 		return err
 	}
-	if err := setThreadsFrom(cmd, cfg); err != nil {
+	launch, err := rankLaunch(cmd)
+	if err != nil {
 		return err
+	}
+	if n := int(cmd.Int("nproc")); n > 1 {
+		return launchLocal(ctx, n, cfg.Dist.Timeout)
+	}
+	if err := rankThreads(cmd, cfg.Policy.Threads, launch); err != nil {
+		return err
+	}
+	// Each rank: its own GPU (policy.device = "cuda") and its share of the
+	// pool's global limits.
+	cfg.Policy.Device = trainer.RankDevice(cfg.Policy.Device, launch)
+	cfg.Pool = trainer.SharePool(cfg.Pool, launch.Rank, launch.WorldSize, slog.Default())
+	group, err := joinRanks(ctx, launch, cmd, cfg.Dist.Timeout, func() (dist.Group, error) {
+		return trainer.JoinGroup(ctx, launch, cfg.Dist, cfg.Policy.Device)
+	})
+	if err != nil {
+		return err
+	}
+	if group != nil {
+		defer group.Close()
 	}
 	s, closeAll, err := evalSetup(cmd, cfg, ck, qs)
 	if err != nil {
 		return err
 	}
 	defer closeAll()
+	s.Group = group
 	if s.KNNLog == "" && slices.Contains(routers, "knn") && !cmd.IsSet("routers") {
 		routers = slices.DeleteFunc(routers, func(r string) bool { return r == "knn" }) // no logged outcomes to route by
 		slog.Warn("router knn skipped: no --knn-log and no rollouts.jsonl beside the checkpoint")
 	}
 	out := evalOut(cmd, ck, sel)
-	slog.Info("evaluating", "questions", len(qs), "routers", strings.Join(routers, ","), "out", out)
-	table, err := eval.Run(ctx, s, qs, routers, out, slog.Default(), progressFunc())
-	if err != nil {
-		return err
+	slog.Info("evaluating", "questions", len(qs), "routers", strings.Join(routers, ","), "out", out, "ranks", max(1, launch.WorldSize))
+	progress := progressFunc()
+	if launch.Rank > 0 {
+		progress = nil // one progress display: rank 0's
+	}
+	table, err := eval.Run(ctx, s, qs, routers, out, slog.Default(), progress)
+	if err != nil || launch.Rank > 0 {
+		return err // rank 0 writes the tables
 	}
 	if err := table.Write(out); err != nil {
 		return err

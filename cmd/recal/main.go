@@ -103,6 +103,7 @@ func run(ctx context.Context, args []string) int {
 		},
 		ExitErrHandler: func(context.Context, *cli.Command, error) {},
 	}
+	argv = args // the ranks of --nproc run the same command line
 	err := app.Run(ctx, args)
 	if err == nil {
 		return 0

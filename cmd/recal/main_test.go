@@ -15,6 +15,13 @@ import (
 func TestMain(m *testing.M) {
 	torchbridge.UsePassiveOpenMP()
 	torchbridge.UseTrainingMalloc() // set now, so that train commands run in-process do not re-execute the test binary
+	if os.Getenv(asRecalEnv) == "1" {
+		// The test binary as recal itself: the ranks of --nproc re-execute it.
+		ctx, stop := interruptContext(context.Background(), os.Stderr, os.Exit)
+		code := run(ctx, os.Args)
+		stop()
+		os.Exit(code)
+	}
 	os.Exit(m.Run())
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/recal-project/recal/config"
+	"github.com/recal-project/recal/dist"
 	"github.com/recal-project/recal/torchbridge"
 	"github.com/recal-project/recal/trainer"
 )
@@ -52,12 +53,20 @@ func trainCommand() *cli.Command {
 				"the error names each key with both values"},
 			&cli.BoolFlag{Name: "allow-config-change", Usage: "with --resume: accept changed training keys; they take effect at the step after " +
 				"the checkpoint, config.toml is kept, config-<step>.toml holds the new configuration and config-changes.jsonl records the change"},
+			nprocFlag(),
 		),
 		Action: func(ctx context.Context, cmd *cli.Command) error {
-			torchbridge.UseTrainingMalloc()
 			cfg, err := loadConfig(cmd)
 			if err != nil {
 				return err
+			}
+			launch, err := rankLaunch(cmd)
+			if err != nil {
+				return err
+			}
+			world := max(launch.WorldSize, int(cmd.Int("nproc")))
+			if world > 1 && cfg.Train.BatchSize%world != 0 {
+				return usageError{fmt.Errorf("train: train.batch_size = %d questions do not split into whole groups over %d ranks: use a batch size divisible by the world size", cfg.Train.BatchSize, world)}
 			}
 			runDir := cmd.String("run-dir")
 			if runDir == "" {
@@ -67,15 +76,31 @@ func trainCommand() *cli.Command {
 			if cmd.Bool("dry-run") {
 				return dryRunTrain(os.Stdout, cfg, cmd.String("config"), runDir, cmd.Bool("resume"))
 			}
-			if err := setThreadsFrom(cmd, cfg); err != nil {
-				return err
-			}
-			start := time.Now()
 			if cmd.Bool("allow-config-change") && !cmd.Bool("resume") {
 				return usageError{fmt.Errorf("train: --allow-config-change needs --resume")}
 			}
+			// Before the ranks start, so that they inherit the settings
+			// rather than re-execute themselves.
+			torchbridge.UseTrainingMalloc()
+			if n := int(cmd.Int("nproc")); n > 1 {
+				return launchLocal(ctx, n, cfg.Dist.Timeout)
+			}
+			if err := rankThreads(cmd, cfg.Policy.Threads, launch); err != nil {
+				return err
+			}
+			device := trainer.RankDevice(cfg.Policy.Device, launch)
+			group, err := joinRanks(ctx, launch, cmd, cfg.Dist.Timeout, func() (dist.Group, error) {
+				return trainer.JoinGroup(ctx, launch, cfg.Dist, device)
+			})
+			if err != nil {
+				return err
+			}
+			if group != nil {
+				defer group.Close()
+			}
+			start := time.Now()
 			err = trainer.Train(ctx, cfg, trainer.Options{RunDir: runDir, Resume: cmd.Bool("resume"),
-				AllowConfigChange: cmd.Bool("allow-config-change"), Log: slog.Default()})
+				AllowConfigChange: cmd.Bool("allow-config-change"), Log: slog.Default(), Group: group, Device: device})
 			if errors.Is(err, trainer.ErrInterrupted) {
 				return exitError{code: 130, err: err}
 			}
@@ -85,8 +110,10 @@ func trainCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			slog.Info("training finished", "run_dir", runDir, "took", time.Since(start).Round(time.Second).String())
-			fmt.Println(runDir)
+			if launch.Rank == 0 {
+				slog.Info("training finished", "run_dir", runDir, "took", time.Since(start).Round(time.Second).String())
+				fmt.Println(runDir)
+			}
 			return nil
 		},
 	}

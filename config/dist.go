@@ -1,0 +1,43 @@
+package config
+
+import (
+	"fmt"
+	"time"
+)
+
+// Dist configures how the ranks of a data-parallel job talk ([dist]); read
+// only when recal runs as more than one process (recal train --nproc N,
+// torchrun or Slurm; see README "Several GPUs and nodes"). None of it
+// changes what is computed, so a resume may change it.
+type Dist struct {
+	// Timeout bounds the rendezvous and every collective (duration): a rank
+	// that died or hangs makes the others stop with an error naming it
+	// within this time. Default "300s".
+	Timeout time.Duration `toml:"timeout"`
+	// Backend carries the gradient all-reduce: "auto" (nccl when the policy
+	// is on a GPU, else gloo), "gloo" or "nccl" (CUDA builds only). Byte
+	// collectives (rollout records, rewards) always go over Gloo.
+	Backend string `toml:"backend"`
+	// BucketBytes is the size of the float32 buckets the gradients are
+	// all-reduced in (bytes); each bucket is sent while the next is filled.
+	// Default 26214400 (25 MiB, PyTorch DDP's).
+	BucketBytes int `toml:"bucket_bytes"`
+}
+
+// DefaultDist returns the [dist] defaults.
+func DefaultDist() Dist {
+	return Dist{Timeout: 300 * time.Second, Backend: "auto", BucketBytes: 25 << 20}
+}
+
+// Validate checks the [dist] table, naming the bad key.
+func (d Dist) Validate() error {
+	switch {
+	case d.Timeout <= 0:
+		return fmt.Errorf("dist.timeout = %v: must be > 0", d.Timeout)
+	case d.Backend != "auto" && d.Backend != "gloo" && d.Backend != "nccl":
+		return fmt.Errorf("dist.backend = %q: want \"auto\", \"gloo\" or \"nccl\"", d.Backend)
+	case d.BucketBytes < 1024:
+		return fmt.Errorf("dist.bucket_bytes = %d: must be ≥ 1024", d.BucketBytes)
+	}
+	return nil
+}

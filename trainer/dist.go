@@ -1,0 +1,396 @@
+package trainer
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"strconv"
+	"time"
+
+	"github.com/recal-project/recal/config"
+	"github.com/recal-project/recal/data"
+	"github.com/recal-project/recal/dist"
+	"github.com/recal-project/recal/llmpool"
+	"github.com/recal-project/recal/router"
+	"github.com/recal-project/recal/torchbridge"
+)
+
+// Data parallelism. N ranks compute what one process computes on the same
+// global batch (docs/method.md, "Data parallelism"):
+//
+//   - every rank draws the same questions from the same sampler state and
+//     rolls out its contiguous share of them (whole groups); sampling draws
+//     depend on (seed, step, global row), never on the rank;
+//   - the responses' records (text, calls, raw rewards) are all-gathered,
+//     so calibration, the balance counts and the metrics see the whole
+//     batch on every rank, in global row order;
+//   - each rank backpropagates its rows with the loss scaled by the global
+//     number of policy tokens; the gradients are summed over the ranks
+//     (GradReducer) before clipping and AdamW, so every rank applies the
+//     same update;
+//   - rank 0 alone writes the run folder;
+//   - a decision that ends or skips work (an interruption, a validation cut
+//     short) is agreed by all ranks, so they always run the same
+//     collectives in the same order.
+//
+// With dist.Single() every collective is an identity and the loop computes
+// exactly what it computed before ranks existed.
+
+// ranks is the training loop's view of its process group: the collectives
+// on the records of a step and the gradient reducer bound to the policy.
+type ranks struct {
+	dist.Group
+	grads dist.GradReducer
+}
+
+// policyReducer is a group that sums a policy's gradients over its ranks
+// (torchbridge.ProcessGroup).
+type policyReducer interface {
+	AllReduceGrads(ctx context.Context, p *torchbridge.Policy) error
+}
+
+// newRanks binds g's gradient all-reduce to p; g nil is one process. A
+// watched group's all-reduce runs under its watchdog, like its other
+// collectives.
+func newRanks(g dist.Group, p *torchbridge.Policy) (ranks, error) {
+	if g == nil {
+		g = dist.Single()
+	}
+	inner, guard := g, func(_ string, fn func() error) error { return fn() }
+	if w, ok := g.(*dist.Watched); ok {
+		inner, guard = w.Unwrap(), w.Guard
+	}
+	switch gr := inner.(type) {
+	case policyReducer:
+		return ranks{Group: g, grads: dist.GradReducerFunc(func(ctx context.Context) error {
+			return guard("all-reduce of the gradients", func() error { return gr.AllReduceGrads(ctx, p) })
+		})}, nil
+	case dist.GradReducer:
+		return ranks{Group: g, grads: gr}, nil
+	}
+	return ranks{}, fmt.Errorf("trainer: process group %T cannot sum the policy's gradients", g)
+}
+
+// leader reports whether this rank writes the run folder (rank 0).
+func (r ranks) leader() bool { return r.Rank() == 0 }
+
+// share is this rank's contiguous part [lo, hi) of n items; the parts of
+// ranks 0..size-1 cover 0..n in order.
+func (r ranks) share(n int) (lo, hi int) { return shareOf(n, r.Rank(), r.Size()) }
+
+func shareOf(n, rank, size int) (lo, hi int) { return n * rank / size, n * (rank + 1) / size }
+
+// anyOf reports, on every rank, whether flag is true on at least one rank:
+// how ranks agree to stop or to skip work together.
+func (r ranks) anyOf(ctx context.Context, flag bool) (bool, error) {
+	parts, err := allGather(ctx, r, "decisions to stop", flag)
+	if err != nil {
+		return false, err
+	}
+	for _, p := range parts {
+		if p {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// samePlan checks that every rank continues the run from the same
+// checkpoint: the run folder must be one folder that every rank sees.
+func (r ranks) samePlan(ctx context.Context, p runPlan) error {
+	type view struct {
+		Last string
+		Step int
+	}
+	parts, err := allGather(ctx, r, "checkpoints to continue from", view{p.last, p.state.Step})
+	if err != nil {
+		return err
+	}
+	for k, v := range parts {
+		if v != parts[0] {
+			return fmt.Errorf("trainer: rank %d would continue from checkpoint %q (step %d) and rank 0 from %q (step %d): the run folder must be on a filesystem every rank shares",
+				k, v.Last, v.Step, parts[0].Last, parts[0].Step)
+		}
+	}
+	return nil
+}
+
+// sameWeights checks that every rank holds the same weights, bit for bit
+// (after a stage every rank computed alone: the warm-up).
+func (r ranks) sameWeights(ctx context.Context, p *torchbridge.Policy) error {
+	if r.Size() == 1 {
+		return nil
+	}
+	h := sha256.New()
+	var buf []byte
+	for _, prm := range p.Params() {
+		n := int(prm.Numel()) * 4
+		if cap(buf) < n {
+			buf = make([]byte, n)
+		}
+		if err := p.GetParam(prm.Name, "F32", buf[:n]); err != nil {
+			return err
+		}
+		h.Write(buf[:n])
+	}
+	sums, err := allGather(ctx, r, "weight digests", h.Sum(nil))
+	if err != nil {
+		return err
+	}
+	for k, s := range sums {
+		if !bytes.Equal(s, sums[0]) {
+			return fmt.Errorf("trainer: after the warm-up rank %d's weights differ from rank 0's: the ranks must compute alike (same threads per rank, same libtorch)", k)
+		}
+	}
+	return nil
+}
+
+// barrier waits for every rank (after rank 0 wrote something they read).
+func (r ranks) barrier(ctx context.Context) error {
+	if r.Size() == 1 {
+		return nil
+	}
+	return r.Barrier(ctx)
+}
+
+// allGather returns every rank's v, in rank order (dist.AllGatherOf);
+// what names v in errors.
+func allGather[T any](ctx context.Context, g dist.Group, what string, v T) ([]T, error) {
+	parts, err := dist.AllGatherOf(ctx, g, v)
+	if err != nil {
+		return nil, fmt.Errorf("trainer: all-gather of the %s: %w", what, err)
+	}
+	return parts, nil
+}
+
+// checkWorld refuses, before any work, a job the world size cannot run:
+// every rank must hold the same number of whole groups.
+func checkWorld(cfg config.Config, size int) error {
+	if size <= 1 {
+		return nil
+	}
+	tc := cfg.Train
+	if tc.BatchSize%size != 0 {
+		return fmt.Errorf("trainer: train.batch_size = %d questions do not split into whole groups over %d ranks: use a batch size divisible by the world size", tc.BatchSize, size)
+	}
+	if tc.Algorithm != "grpo" {
+		return fmt.Errorf("trainer: train.algorithm = %q runs in one process only; data-parallel training supports \"grpo\"", tc.Algorithm)
+	}
+	return nil
+}
+
+// rowRecord is what every rank needs of a response another rank rolled
+// out: the response without its tokens and log-probs, its raw rewards and
+// its number of policy tokens (the loss's normaliser).
+type rowRecord struct {
+	Sample  router.Sample
+	Rewards router.Rewards
+	Tokens  float64
+}
+
+// rankRollout is one rank's part of a step: its rows in order, or that its
+// rollout was interrupted.
+type rankRollout struct {
+	Interrupted bool
+	Rows        []rowRecord
+}
+
+// gatherRollouts all-gathers the ranks' rows into the global batch, in
+// global row order. interrupted is true on every rank when any rank's
+// rollout was interrupted (the step is then dropped by all).
+func (r ranks) gatherRollouts(ctx context.Context, mine rankRollout) (samples []router.Sample, rewards []router.Rewards, tokens []float64, interrupted bool, err error) {
+	parts, err := allGather(ctx, r, "rollouts", mine)
+	if err != nil {
+		return nil, nil, nil, false, err
+	}
+	for _, p := range parts {
+		if p.Interrupted {
+			return nil, nil, nil, true, nil
+		}
+	}
+	for _, p := range parts {
+		for _, row := range p.Rows {
+			samples = append(samples, row.Sample)
+			rewards = append(rewards, row.Rewards)
+			tokens = append(tokens, row.Tokens)
+		}
+	}
+	return samples, rewards, tokens, false, nil
+}
+
+// record is the part of a local response the other ranks need.
+func record(s router.Sample, rw router.Rewards, tokens float64) rowRecord {
+	s.Tokens, s.Logp = nil, nil // the loss of this row runs here
+	return rowRecord{Sample: s, Rewards: rw, Tokens: tokens}
+}
+
+// rankLoss is one rank's loss statistics of a step, per mini-batch and
+// micro-batch in order, and its pool usage.
+type rankLoss struct {
+	Micro [][]torchbridge.LossStats
+	Usage llmpool.UsageMap
+}
+
+// gatherLoss sums the ranks' loss statistics in the order one process
+// would (mini-batch by mini-batch, then global row order) and their pool
+// usage, model by model.
+func (r ranks) gatherLoss(ctx context.Context, mine rankLoss) (torchbridge.LossStats, llmpool.UsageMap, error) {
+	parts, err := allGather(ctx, r, "loss statistics", mine)
+	if err != nil {
+		return torchbridge.LossStats{}, nil, err
+	}
+	var loss torchbridge.LossStats
+	for j := range mine.Micro {
+		for _, p := range parts {
+			for _, ls := range p.Micro[j] {
+				loss.Add(ls)
+			}
+		}
+	}
+	usage := llmpool.UsageMap{}
+	for _, p := range parts {
+		for m, u := range p.Usage {
+			usage[m] = usage[m].Add(u)
+		}
+	}
+	return loss, usage, nil
+}
+
+// validateShared answers this rank's share of the held-out questions and
+// gathers every rank's answers; ok is false on every rank when any rank
+// was interrupted (the validation is then skipped by all).
+func validateShared(ctx context.Context, r ranks, env *Env, val []data.Example, batch, step int) (v ValidationResult, ok bool, err error) {
+	lo, hi := r.share(len(val))
+	type part struct {
+		Interrupted bool
+		Results     []QuestionResult
+	}
+	var mine part
+	mine.Results, err = Answer(ctx, env, val[lo:hi], batch)
+	if err != nil {
+		if ctx.Err() == nil {
+			return v, false, err
+		}
+		mine = part{Interrupted: true}
+	}
+	parts, err := allGather(context.WithoutCancel(ctx), r, "validation answers", mine)
+	if err != nil {
+		return v, false, err
+	}
+	var all []QuestionResult
+	for _, p := range parts {
+		if p.Interrupted {
+			return v, false, nil
+		}
+		all = append(all, p.Results...)
+	}
+	per, avg := Summarize(all)
+	return ValidationResult{Step: step, Datasets: per, Avg: avg}, true, nil
+}
+
+// SharePool gives this rank its share of the pool's global limits: the
+// pool-wide and per-model concurrency and the per-model request rate are
+// split over the ranks (each rank at least one request in flight), so N
+// ranks together stay within what one process may send.
+func SharePool(pc llmpool.Config, rank, size int, log *slog.Logger) llmpool.Config {
+	if size <= 1 {
+		return pc
+	}
+	part := func(limit int, key string) int {
+		n := limit / size
+		if rank < limit%size {
+			n++
+		}
+		if n < 1 {
+			if rank == 0 {
+				log.Warn("a global pool limit is below the number of ranks; each rank gets 1", "key", key, "limit", limit, "ranks", size)
+			}
+			n = 1
+		}
+		return n
+	}
+	if pc.MaxConcurrency == 0 {
+		pc.MaxConcurrency = llmpool.DefaultMaxConcurrency
+	}
+	pc.MaxConcurrency = part(pc.MaxConcurrency, "pool.max_concurrency")
+	models := make([]llmpool.ModelConfig, len(pc.Models))
+	for i, m := range pc.Models {
+		if m.OpenAI != nil {
+			o := *m.OpenAI
+			if o.MaxConcurrency == 0 {
+				o.MaxConcurrency = llmpool.DefaultOpenAIMaxConcurrency
+			}
+			o.MaxConcurrency = part(o.MaxConcurrency, "pool.models["+strconv.Itoa(i)+"].openai.max_concurrency")
+			o.RequestsPerMinute /= float64(size)
+			m.OpenAI = &o
+		}
+		models[i] = m
+	}
+	pc.Models = models
+	return pc
+}
+
+// Threads is the number of CPU threads one rank's libtorch should use when
+// policy.threads (configured) is 0: the cores this process may run on,
+// split between the ranks of its node (localRanks, e.g. torchrun's
+// LOCAL_WORLD_SIZE). Slurm binds each task to its own cores already, so
+// there localRanks is 1.
+func Threads(configured, localRanks int) int {
+	if configured > 0 {
+		return configured
+	}
+	return max(1, runtime.NumCPU()/max(1, localRanks))
+}
+
+// LocalWorldSize is the number of ranks on this node as the launcher says
+// it: LOCAL_WORLD_SIZE (torchrun and recal train --nproc), else 1.
+func LocalWorldSize() int {
+	if n, err := strconv.Atoi(os.Getenv("LOCAL_WORLD_SIZE")); err == nil && n > 0 {
+		return n
+	}
+	return 1
+}
+
+// RankDevice is the device a rank's policy runs on: "cuda" becomes
+// "cuda:LOCAL_RANK" when there are several ranks, so each local rank has
+// its own GPU; any other setting is kept.
+func RankDevice(device string, launch dist.Launch) string {
+	if device == "cuda" && launch.Distributed() {
+		return "cuda:" + strconv.Itoa(launch.LocalRank)
+	}
+	return device
+}
+
+// JoinGroup joins the process group of a launch (nil, nil for one
+// process), with the [dist] settings: the gradient all-reduce on NCCL when
+// dist.backend is "nccl", or "auto" with the policy on a GPU.
+func JoinGroup(ctx context.Context, launch dist.Launch, dc config.Dist, device string) (dist.Group, error) {
+	if !launch.Distributed() {
+		return nil, nil
+	}
+	backend := dc.Backend
+	if backend == "auto" || backend == "" {
+		backend = "gloo"
+		if device != "cpu" {
+			backend = "nccl"
+		}
+	}
+	t0 := time.Now()
+	pg, err := torchbridge.NewProcessGroup(ctx, torchbridge.GroupOptions{Rank: launch.Rank, WorldSize: launch.WorldSize,
+		MasterAddr: launch.MasterAddr, MasterPort: launch.MasterPort, Timeout: dc.Timeout, Backend: backend, BucketBytes: dc.BucketBytes})
+	if err != nil {
+		return nil, err
+	}
+	slog.Debug("joined the process group", "rank", launch.Rank, "world_size", launch.WorldSize, "backend", backend, "took", time.Since(t0).Round(time.Millisecond).String())
+	// The watchdog names the rank a failed collective lost.
+	w, err := dist.Watch(ctx, pg, launch.MasterAddr, dist.WatchOptions{})
+	if err != nil {
+		pg.Close()
+		return nil, err
+	}
+	return w.Watch(pg), nil
+}
