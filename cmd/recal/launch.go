@@ -68,7 +68,11 @@ func joinRanks(ctx context.Context, l dist.Launch, cmd *cli.Command, timeout tim
 	if err != nil {
 		return nil, err
 	}
-	slog.Info("data-parallel job", "ranks", l.WorldSize, "launcher", l.Launcher, "rendezvous", net.JoinHostPort(l.MasterAddr, strconv.Itoa(l.MasterPort)), "timeout", timeout.String())
+	launcher := l.Launcher
+	if os.Getenv(launcherEnv) != "" {
+		launcher = "recal --nproc"
+	}
+	slog.Info("data-parallel job", "ranks", l.WorldSize, "launcher", launcher, "rendezvous", net.JoinHostPort(l.MasterAddr, strconv.Itoa(l.MasterPort)), "timeout", timeout.String())
 	return g, nil
 }
 
