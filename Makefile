@@ -77,11 +77,15 @@ build/recal_dist.o: cgo/recal_dist.cc cgo/recal.h cgo/recal_internal.h
 build: deps $(LIB)
 	$(GOENV) $(GO) build -o bin/recal ./cmd/recal
 
+# test: vet, every test, then the race detector over the pure-Go packages,
+# where the concurrency lives (pool fan-out, rollout engine, server; about
+# 2 minutes on 2 cores).
 test: deps $(LIB)
 	CGO_ENABLED=0 $(GO) vet $(PURE_PKGS)
 	CGO_ENABLED=0 $(GO) build $(PURE_PKGS)
 	$(GOENV) $(GO) vet ./...
 	$(GOENV) $(GO) test -count=1 ./...
+	$(GO) test -race -count=1 $(PURE_PKGS)
 
 bench: build $(INIT)
 	$(GOENV) $(GO) run ./bench -python $(PYTHON)

@@ -2,7 +2,7 @@
 """Independent reference for ReCal's calibrated advantages (docs/method.md).
 
 Plain Python 3.11 (tomllib), no third-party packages. It re-implements the
-calibration pipeline from method.md, not from the Go code:
+calibration pipeline from docs/method.md, not from the Go code:
 
   1. gating:   r_m <- r_m if r_ans > delta else 0, for m in `gated` (never ans)
   2. scalar:   r = sum_m lambda_m r_m              (after gating)
