@@ -81,9 +81,16 @@ func isPySpace(r rune) bool {
 }
 
 // ExactMatch returns 1 when pred equals one of the golden answers after
-// Normalize, else 0 (also for no golden answers).
+// Normalize, else 0 (also for no golden answers). A prediction that
+// normalises to nothing (a missing answer, "the", "---") never matches:
+// SQuAD's script counts it equal to a golden answer that also normalises to
+// nothing ("---", "A+" in NQ), which scored responses without any answer as
+// exact matches. F1 already gives them 0.
 func ExactMatch(pred string, golden []string) float64 {
 	p := Normalize(pred)
+	if p == "" {
+		return 0
+	}
 	for _, g := range golden {
 		if Normalize(g) == p {
 			return 1

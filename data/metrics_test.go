@@ -64,7 +64,9 @@ func TestExactMatch(t *testing.T) {
 		{"eiffel", []string{"Eiffel Tower"}, 0},
 		{"Paris", []string{"London", "paris!"}, 1}, // max over golden answers
 		{"Paris", nil, 0},
-		{"the", []string{"a"}, 1}, // both normalise to "", as in SQuAD
+		{"the", []string{"a"}, 0}, // both normalise to "": no answer is no match (SQuAD's script says 1)
+		{"", []string{"---"}, 0},  // a missing answer against NQ's golden "---"
+		{"A+", []string{"A+"}, 0}, // normalises to "": cannot be told from a missing answer
 		{"Yes", []string{"yes"}, 1},
 	}
 	for _, tt := range tests {
