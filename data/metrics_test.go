@@ -122,7 +122,7 @@ func TestMetricsHuge(t *testing.T) {
 	if f1 <= 0 || f1 > 0.001 || em != 0 {
 		t.Errorf("F1 = %v, EM = %v; want a tiny positive F1 (low precision) and EM 0", f1, em)
 	}
-	if d := time.Since(start); d > 10*time.Second {
+	if d := time.Since(start); d > 10*time.Second && !raceDetector {
 		t.Errorf("scoring an 11 MB prediction took %v; want linear time", d)
 	}
 }

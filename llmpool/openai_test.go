@@ -107,9 +107,9 @@ func TestOpenAIRetries(t *testing.T) {
 		{name: "timeout then ok", steps: []step{{sleep: 4 * time.Second}},
 			mod: func(o *OpenAIConfig) { o.Timeout = 600 * time.Millisecond }, wantRequests: 2,
 			minElapsed: 600 * time.Millisecond, maxElapsed: 3500 * time.Millisecond},
-		{name: "every attempt times out", steps: []step{{sleep: 2 * time.Second}, {sleep: 2 * time.Second}},
-			mod: func(o *OpenAIConfig) { o.Timeout = 80 * time.Millisecond; o.MaxRetries = 1 }, wantRequests: 2, wantFailed: true,
-			wantErrText: "timed out", minElapsed: 160 * time.Millisecond, maxElapsed: 1500 * time.Millisecond},
+		{name: "every attempt times out", steps: []step{{sleep: 4 * time.Second}, {sleep: 4 * time.Second}},
+			mod: func(o *OpenAIConfig) { o.Timeout = 500 * time.Millisecond; o.MaxRetries = 1 }, wantRequests: 2, wantFailed: true,
+			wantErrText: "timed out", minElapsed: time.Second, maxElapsed: 3500 * time.Millisecond},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
