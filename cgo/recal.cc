@@ -8,6 +8,8 @@
 
 #include <torch/torch.h>
 
+#include <dlfcn.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -288,7 +290,15 @@ extern "C" {
 
 int rc_set_threads(int32_t n, char** err) {
   return guarded(err, [&] {
-    if (n > 0) torch::set_num_threads(n);
+    if (n <= 0) return;
+    torch::set_num_threads(n);
+    // libtorch 1.13 sets OpenMP's and MKL's thread counts but not
+    // OpenBLAS's, whose own pool starts one thread per core: ranks that
+    // share a machine would each run as many BLAS threads as there are
+    // cores. OpenBLAS, when it is the BLAS libtorch was linked to, gets the
+    // same count; other BLAS libraries lack the symbol and are left alone.
+    using set_fn = void (*)(int);
+    if (auto f = reinterpret_cast<set_fn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) f(n);
   });
 }
 
