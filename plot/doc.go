@@ -21,6 +21,10 @@
 // steps unless set). A figure whose fields appear in no line is skipped with
 // a warning, so a run that logs no KL still gets its other figures.
 //
+// Options.Ablation draws the figure of `recal ablate`: the answer reward over
+// steps per variant, each line the mean over seeds of the seeds' smoothed
+// curves, with a band from their minimum to their maximum.
+//
 // Lines may lack any field and may carry fields this package does not know;
 // both are fine. A line that is not valid JSON is an error naming the file and
 // line (a *LineError), except the file's last line, which a run killed while

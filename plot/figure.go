@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 
 	gplot "gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -86,6 +87,22 @@ func (f *figure) build() (*gplot.Plot, gplot.Legend, error) {
 	all := f.series
 	if f.emphasis != nil {
 		all = append(all[:len(all):len(all)], *f.emphasis)
+	}
+	// Bands first, so that no band covers another series' line.
+	for i, s := range all {
+		if len(s.lo) == 0 {
+			continue
+		}
+		ring := append(append(plotter.XYs{}, s.lo...), s.hi...)
+		slices.Reverse(ring[len(s.lo):])
+		band, err := plotter.NewPolygon(ring)
+		if err != nil {
+			return nil, leg, fmt.Errorf("plot: %s: series %q: band: %w", f.name, s.name, err)
+		}
+		c := palette[i%len(palette)]
+		band.Color = color.NRGBA{R: c.R, G: c.G, B: c.B, A: 0x40} // translucent: overlapping bands stay visible
+		band.LineStyle = draw.LineStyle{}
+		p.Add(band)
 	}
 	for i, s := range all {
 		col := palette[i%len(palette)]

@@ -13,6 +13,9 @@ import (
 type series struct {
 	name string
 	xys  plotter.XYs
+	// lo and hi, when set, bound a band drawn under the line (the spread
+	// over seeds of the ablation figure), point for point with xys.
+	lo, hi plotter.XYs
 }
 
 // rewardOrder is the order of the ReCal reward components in the legend;
