@@ -70,13 +70,25 @@ type Train struct {
 	// Temperature and TopP are the rollout sampling settings.
 	Temperature float64 `toml:"temperature"`
 	TopP        float64 `toml:"top_p"`
-	// LR is the AdamW learning rate; WeightDecay its decoupled weight decay;
-	// Beta1, Beta2 and AdamEps its moment settings.
+	// LR is the AdamW learning rate (the peak of LRSchedule); WeightDecay
+	// its decoupled weight decay; Beta1, Beta2 and AdamEps its moment
+	// settings.
 	LR          float64 `toml:"lr"`
 	WeightDecay float64 `toml:"weight_decay"`
 	Beta1       float64 `toml:"beta1"`
 	Beta2       float64 `toml:"beta2"`
 	AdamEps     float64 `toml:"adam_eps"`
+	// LRSchedule is how the learning rate of a GRPO step follows from LR
+	// after the warm-up: "constant" (LR), "linear" (decays linearly towards
+	// MinLRRatio·LR) or "cosine" (a half cosine towards MinLRRatio·LR); see
+	// Train.LRFactor for the exact formula. ppo.value_lr is scaled alike.
+	LRSchedule string `toml:"lr_schedule"`
+	// WarmupSteps ramps the learning rate linearly over the first this many
+	// GRPO steps: LR·s/WarmupSteps at step s (0 = no warm-up; < Steps).
+	WarmupSteps int `toml:"warmup_steps"`
+	// MinLRRatio is the fraction of LR the "linear" and "cosine" schedules
+	// decay towards, in [0, 1] (0 = towards zero; ignored by "constant").
+	MinLRRatio float64 `toml:"min_lr_ratio"`
 	// MaxGradNorm clips the global gradient norm (≤ 0: off).
 	MaxGradNorm float64 `toml:"max_grad_norm"`
 	// ClipEps is the PPO ratio clip ε.
@@ -96,6 +108,10 @@ type Train struct {
 	// ValidateEvery runs validation on the held-out questions every this
 	// many steps (0 = only at the end).
 	ValidateEvery int `toml:"validate_every"`
+	// KeepBest keeps the checkpoint of the validation with the highest mean
+	// F1 over the validation datasets as checkpoints/best (a validation that
+	// improves on the best so far makes its step a checkpoint).
+	KeepBest bool `toml:"keep_best"`
 	// HeadChunk is the tokens per output-head chunk in the loss (bounds the
 	// [chunk, vocab] logits in memory).
 	HeadChunk int `toml:"head_chunk"`
@@ -225,9 +241,9 @@ func Default() Config {
 		Calibration: calibration.DefaultConfig(),
 		PPO:         DefaultPPO(),
 		Train: Train{Steps: 150, BatchSize: 64, GroupSize: 4, MiniBatches: 1, MicroBatch: 16, Temperature: 1, TopP: 1,
-			LR: 1e-6, WeightDecay: 0.01, Beta1: 0.9, Beta2: 0.999, AdamEps: 1e-8, MaxGradNorm: 1, ClipEps: 0.2,
+			LR: 1e-6, LRSchedule: "constant", WeightDecay: 0.01, Beta1: 0.9, Beta2: 0.999, AdamEps: 1e-8, MaxGradNorm: 1, ClipEps: 0.2,
 			KLCoef: 0.001, EMADecay: 0.9, CheckpointEvery: 25, ValidateEvery: 25, HeadChunk: 1024, LogEvery: 10,
-			ResetOptimizerAfterSFT: true, MaxSkippedUpdates: 3, Algorithm: "grpo"},
+			ResetOptimizerAfterSFT: true, MaxSkippedUpdates: 3, Algorithm: "grpo", KeepBest: true},
 		SFT:       SFT{Steps: 0, BatchSize: 16, LR: 1e-4, AnswerWeight: 1},
 		Eval:      Eval{Batch: 64},
 		Serve:     DefaultServe(),
@@ -380,6 +396,9 @@ func (c *Config) Validate() error {
 		{t.Temperature < 0, fmt.Sprintf("train.temperature = %g: must be ≥ 0", t.Temperature)},
 		{t.TopP <= 0 || t.TopP > 1, fmt.Sprintf("train.top_p = %g: must be in (0, 1]", t.TopP)},
 		{t.LR <= 0, fmt.Sprintf("train.lr = %g: must be > 0", t.LR)},
+		{lrDecays[t.LRSchedule] == nil, fmt.Sprintf("train.lr_schedule = %q: want one of %s", t.LRSchedule, strings.Join(LRSchedules(), ", "))},
+		{t.WarmupSteps < 0 || t.WarmupSteps > 0 && t.WarmupSteps >= t.Steps, fmt.Sprintf("train.warmup_steps = %d: must be ≥ 0 and < train.steps (%d)", t.WarmupSteps, t.Steps)},
+		{t.MinLRRatio < 0 || t.MinLRRatio > 1, fmt.Sprintf("train.min_lr_ratio = %g: must be in [0, 1]", t.MinLRRatio)},
 		{t.WeightDecay < 0, fmt.Sprintf("train.weight_decay = %g: must be ≥ 0", t.WeightDecay)},
 		{t.Beta1 < 0 || t.Beta1 >= 1 || t.Beta2 < 0 || t.Beta2 >= 1, "train.beta1 and train.beta2 must be in [0, 1)"},
 		{t.AdamEps <= 0, "train.adam_eps must be > 0"},
