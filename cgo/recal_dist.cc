@@ -1,5 +1,6 @@
 // recal_dist.cc — data-parallel collectives for recal on libtorch's c10d:
-// rendezvous through a TCPStore hosted by rank 0, a ProcessGroupGloo on CPU
+// rendezvous through a TCPStore hosted by rank 0 (or by the launcher:
+// torchrun's agent store), a ProcessGroupGloo on CPU
 // (and a ProcessGroupNCCL for CUDA gradients when built against a CUDA
 // libtorch, USE_C10D_NCCL), the bucketed all-reduce of a policy's gradients,
 // and all-gather and broadcast of byte buffers. Every entry point catches
@@ -36,7 +37,7 @@ struct rc_dist {
   int rank = 0, size = 1;
   std::chrono::milliseconds timeout{300000};
   int64_t bucket_bytes = 0;
-  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Store> store;  // the TCPStore, or a PrefixStore over the launcher's
   c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;  // bytes, barrier, CPU gradients
 #ifdef USE_C10D_NCCL
   c10::intrusive_ptr<c10d::ProcessGroupNCCL> nccl;  // CUDA gradients
@@ -170,14 +171,22 @@ int rc_dist_new(const rc_dist_opts* o, rc_dist** out, char** err) {
                  std::to_string(o->rank) + " of " + std::to_string(o->world_size) + ", " + backend + "): ";
     std::string stage = "rendezvous: ";
     try {
-      // Rendezvous: rank 0 hosts the store and waits for every rank to connect.
+      // Rendezvous: rank 0 hosts the store and waits for every rank to
+      // connect; or, under torchrun's agent store, the launcher hosts it and
+      // every rank is a client using the keys under the attempt's prefix
+      // (torch.distributed.rendezvous._create_c10d_store does the same).
+      bool agent = o->store_prefix != nullptr;
       c10d::TCPStoreOptions so;
       so.port = (uint16_t)o->master_port;
-      so.isServer = o->rank == 0;
+      so.isServer = !agent && o->rank == 0;
       so.numWorkers = (size_t)o->world_size;
-      so.waitWorkers = true;
+      so.waitWorkers = !agent;  // with the agent's store the joined/ keys below do the waiting
       so.timeout = d->timeout;
-      d->store = c10::make_intrusive<c10d::TCPStore>(addr, so);
+      auto tcp = c10::make_intrusive<c10d::TCPStore>(addr, so);
+      if (agent)
+        d->store = c10::make_intrusive<c10d::PrefixStore>(o->store_prefix, tcp);
+      else
+        d->store = tcp;
       // Every rank checks in, so a missing one is named rather than left
       // to surface as a socket timeout inside Gloo.
       std::vector<std::string> keys;
@@ -341,6 +350,38 @@ int rc_dist_broadcast(rc_dist* d, int32_t root, const void* data, int64_t len, v
       *out_len = size;
     });
   });
+}
+
+struct rc_store {
+  c10::intrusive_ptr<c10d::TCPStore> store;
+};
+
+int rc_store_serve(int32_t port, double timeout_s, rc_store** out, int32_t* out_port, char** err) {
+  return guarded(err, [&] {
+    *out = nullptr;
+    if (port < 0 || port > 65535) fail("store: port " + std::to_string(port) + ": want 0 to 65535");
+    c10d::TCPStoreOptions so;
+    so.port = (uint16_t)port;
+    so.isServer = true;
+    so.waitWorkers = false;  // the workers wait for one another (their joined/ keys)
+    so.numWorkers = c10::nullopt;
+    if (timeout_s > 0) so.timeout = std::chrono::milliseconds((int64_t)(timeout_s * 1000.0));
+    auto s = std::make_unique<rc_store>();
+    try {
+      s->store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
+    } catch (const c10::Error& e) {
+      fail("store server on port " + std::to_string(port) + ": " + e.what_without_backtrace());
+    }
+    *out_port = s->store->getPort();
+    *out = s.release();
+  });
+}
+
+void rc_store_free(rc_store* s) {
+  try {
+    delete s;
+  } catch (...) {
+  }
 }
 
 int rc_dist_barrier(rc_dist* d, char** err) {

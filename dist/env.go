@@ -16,6 +16,12 @@ type Launch struct {
 	LocalRank  int    // rank among the processes of this node (its GPU index)
 	MasterAddr string // host of the rendezvous store, which rank 0 serves; empty for one process
 	MasterPort int    // its TCP port; 0 for one process
+	// StorePrefix is not empty when the launcher serves the store at
+	// MasterAddr:MasterPort itself (torchrun's agent store,
+	// TORCHELASTIC_USE_AGENT_STORE=True): every rank connects as a client
+	// and keys its entries under it, "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>",
+	// as torch.distributed does.
+	StorePrefix string
 }
 
 // Distributed reports whether there is more than one rank.
@@ -29,6 +35,8 @@ func FromEnv() (Launch, error) { return ParseEnv(os.LookupEnv) }
 //
 //   - torchrun (or any launcher that sets RANK or WORLD_SIZE): RANK,
 //     WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT, all required;
+//     with TORCHELASTIC_USE_AGENT_STORE=True the store is torchrun's
+//     agent's, and TORCHELASTIC_RESTART_COUNT is required too (StorePrefix);
 //   - Slurm (srun; SLURM_PROCID set, RANK and WORLD_SIZE not): SLURM_PROCID,
 //     SLURM_NTASKS and SLURM_LOCALID, with MASTER_ADDR and MASTER_PORT from
 //     the environment (the job script exports them, e.g. the first host of
@@ -68,6 +76,16 @@ func ParseEnv(lookup func(string) (string, bool)) (Launch, error) {
 		l.MasterPort = e.int("MASTER_PORT")
 		if e.err == nil && (l.MasterPort < 1 || l.MasterPort > 65535) {
 			e.fail("MASTER_PORT", strconv.Itoa(l.MasterPort), "want 1 to 65535")
+		}
+		// torchrun (static rendezvous, its default in torch 1.x) serves
+		// the store from its agent and says so; the workers then use it
+		// under the restart's prefix (torch/distributed/rendezvous.py).
+		if v, _ := lookup("TORCHELASTIC_USE_AGENT_STORE"); e.err == nil && v == "True" {
+			attempt := e.int("TORCHELASTIC_RESTART_COUNT")
+			if e.err == nil && attempt < 0 {
+				e.fail("TORCHELASTIC_RESTART_COUNT", strconv.Itoa(attempt), "want at least 0")
+			}
+			l.StorePrefix = "/worker/attempt_" + strconv.Itoa(attempt)
 		}
 	}
 	if e.err != nil {

@@ -34,6 +34,11 @@ func TestParseEnv(t *testing.T) {
 		{"torchrun of one needs no master", map[string]string{"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}, Launch{Launcher: "torchrun", WorldSize: 1}, ""},
 		{"slurm", slurm, Launch{Launcher: "slurm", Rank: 5, WorldSize: 8, LocalRank: 1, MasterAddr: "node0", MasterPort: 29500}, ""},
 		{"slurm of one needs no master", map[string]string{"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_LOCALID": "0"}, Launch{Launcher: "slurm", WorldSize: 1}, ""},
+		{"torchrun's agent store", with(torchrun, "TORCHELASTIC_USE_AGENT_STORE", "True", "TORCHELASTIC_RESTART_COUNT", "2"),
+			Launch{Launcher: "torchrun", Rank: 1, WorldSize: 4, LocalRank: 1, MasterAddr: "node0", MasterPort: 29500, StorePrefix: "/worker/attempt_2"}, ""},
+		{"no agent store unless True", with(torchrun, "TORCHELASTIC_USE_AGENT_STORE", "False", "TORCHELASTIC_RESTART_COUNT", "0"),
+			Launch{Launcher: "torchrun", Rank: 1, WorldSize: 4, LocalRank: 1, MasterAddr: "node0", MasterPort: 29500}, ""},
+		{"agent store without restart count", with(torchrun, "TORCHELASTIC_USE_AGENT_STORE", "True"), Launch{}, "dist: TORCHELASTIC_RESTART_COUNT is not set"},
 		{"spaces are trimmed", with(torchrun, "RANK", " 2 "), Launch{Launcher: "torchrun", Rank: 2, WorldSize: 4, LocalRank: 1, MasterAddr: "node0", MasterPort: 29500}, ""},
 
 		{"torchrun without WORLD_SIZE", with(torchrun, "WORLD_SIZE", "<unset>"), Launch{}, "dist: WORLD_SIZE is not set (launch by torchrun"},

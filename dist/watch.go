@@ -99,10 +99,12 @@ func (w *wire) send(v any) error {
 }
 
 // Watch starts watching the ranks of g, which all call it right after
-// joining: rank 0 listens on a free port and sends it to the others over
-// g (a broadcast), who connect to host:port (host: the rendezvous
-// address, MASTER_ADDR). Watching is best effort: when a rank cannot
-// connect, it warns and its errors go unnamed.
+// joining: rank 0 listens on a free port and sends its address to the
+// others over g (a broadcast), who connect to it. host is the rendezvous
+// address (MASTER_ADDR): rank 0's address is the one it reaches host from,
+// since under torchrun's agent store rank 0 need not run on host. Watching
+// is best effort: when a rank cannot connect, it warns and its errors go
+// unnamed.
 func Watch(ctx context.Context, g Group, host string, opt WatchOptions) (*Watchdog, error) {
 	if opt.Interval <= 0 {
 		opt.Interval = time.Second
@@ -115,7 +117,10 @@ func Watch(ctx context.Context, g Group, host string, opt WatchOptions) (*Watchd
 		w.log = slog.Default()
 	}
 	w.self.Rank = w.rank
-	var port string
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	var addr string
 	if w.rank == 0 {
 		ln, err := net.Listen("tcp", ":0")
 		if err != nil {
@@ -128,27 +133,24 @@ func Watch(ctx context.Context, g Group, host string, opt WatchOptions) (*Watchd
 				w.peers[r].Rank = r
 			}
 			w.peers[0].Joined = true
-			port = strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+			addr = net.JoinHostPort(localAddr(host), strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
 		}
 	}
-	b, err := g.Broadcast(ctx, []byte(port), 0)
+	b, err := g.Broadcast(ctx, []byte(addr), 0)
 	if err != nil {
 		w.Close()
 		return nil, fmt.Errorf("dist: watchdog: %w", err)
 	}
-	port = string(b)
+	addr = string(b)
 	switch {
 	case w.rank == 0 && w.ln != nil:
 		w.wg.Add(2)
 		go w.accept()
 		go w.tick()
-	case w.rank != 0 && port != "":
-		if host == "" {
-			host = "127.0.0.1"
-		}
-		c, err := net.DialTimeout("tcp", net.JoinHostPort(host, port), 10*time.Second)
+	case w.rank != 0 && addr != "":
+		c, err := net.DialTimeout("tcp", addr, 10*time.Second)
 		if err != nil {
-			w.log.Warn("dist: watchdog: cannot reach rank 0; a lost rank will not be named", "addr", net.JoinHostPort(host, port), "err", err)
+			w.log.Warn("dist: watchdog: cannot reach rank 0; a lost rank will not be named", "addr", addr, "err", err)
 			break
 		}
 		w.up, w.updated = &wire{c: c, w: bufio.NewWriter(c)}, time.Now()
@@ -158,6 +160,17 @@ func Watch(ctx context.Context, g Group, host string, opt WatchOptions) (*Watchd
 		go w.tick()
 	}
 	return w, nil
+}
+
+// localAddr is this host's address on the route to host (a UDP "dial"
+// sends nothing); host itself when there is no route.
+func localAddr(host string) string {
+	c, err := net.Dial("udp", net.JoinHostPort(host, "9"))
+	if err != nil {
+		return host
+	}
+	defer c.Close()
+	return c.LocalAddr().(*net.UDPAddr).IP.String()
 }
 
 // accept takes the other ranks' connections (rank 0).

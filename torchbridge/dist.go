@@ -28,6 +28,13 @@ type GroupOptions struct {
 	// BucketBytes is the size of the float32 buckets of the gradient
 	// all-reduce; 25 MiB (PyTorch DDP's default) when 0.
 	BucketBytes int
+	// StorePrefix, when not empty, says that the launcher serves the
+	// rendezvous store at MasterAddr:MasterPort (torchrun's agent store,
+	// TORCHELASTIC_USE_AGENT_STORE=True): every rank, rank 0 included,
+	// connects as a client and keys its entries under this prefix
+	// (torchrun's "/worker/attempt_<restart count>"). Empty: rank 0 serves
+	// the store.
+	StorePrefix string
 }
 
 // DefaultTimeout bounds the rendezvous and every collective of a group
@@ -36,7 +43,7 @@ const DefaultTimeout = 300 * time.Second
 
 // ProcessGroup is this process's membership in a group of data-parallel
 // ranks on libtorch's c10d (cgo/recal_dist.cc): a TCPStore rendezvous that
-// rank 0 serves, then a ProcessGroupGloo (and a ProcessGroupNCCL for GPU
+// rank 0 (or the launcher, GroupOptions.StorePrefix) serves, then a ProcessGroupGloo (and a ProcessGroupNCCL for GPU
 // gradients in CUDA builds). It implements dist.Group and, with a policy
 // bound, dist.GradReducer.
 //
@@ -95,6 +102,11 @@ func NewProcessGroup(ctx context.Context, opt GroupOptions) (*ProcessGroup, erro
 			master_addr: addr, master_port: C.int32_t(opt.MasterPort),
 			timeout_s: C.double(opt.Timeout.Seconds()), backend: backend,
 			bucket_bytes: C.int64_t(opt.BucketBytes),
+		}
+		if opt.StorePrefix != "" {
+			prefix := C.CString(opt.StorePrefix)
+			defer C.free(unsafe.Pointer(prefix))
+			co.store_prefix = prefix
 		}
 		var r result
 		var msg *C.char
@@ -217,6 +229,41 @@ func (g *ProcessGroup) Close() error {
 	if g.h != nil {
 		C.rc_dist_free(g.h)
 		g.h = nil
+	}
+	return nil
+}
+
+// StoreServer is a c10d TCPStore server alone, as torchrun's agent serves
+// one for its workers (GroupOptions.StorePrefix): a launcher, or a test
+// playing one, starts it before the ranks.
+type StoreServer struct {
+	mu   sync.Mutex
+	h    *C.rc_store
+	port int
+}
+
+// ServeStore starts a store server on port (0: a free port; see Port) of
+// every interface.
+func ServeStore(port int, timeout time.Duration) (*StoreServer, error) {
+	var h *C.rc_store
+	var got C.int32_t
+	var msg *C.char
+	if err := status(C.rc_store_serve(C.int32_t(port), C.double(timeout.Seconds()), &h, &got, &msg), msg); err != nil {
+		return nil, err
+	}
+	return &StoreServer{h: h, port: int(got)}, nil
+}
+
+// Port is the TCP port the server listens on.
+func (s *StoreServer) Port() int { return s.port }
+
+// Close stops the server. Safe to call twice.
+func (s *StoreServer) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.h != nil {
+		C.rc_store_free(s.h)
+		s.h = nil
 	}
 	return nil
 }

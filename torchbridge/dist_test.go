@@ -44,7 +44,13 @@ func freePort(t *testing.T) int {
 // commands (started) and outputs.
 func launch(t *testing.T, ctx context.Context, scenario, dir string, world int) ([]*exec.Cmd, []*bytes.Buffer) {
 	t.Helper()
-	port := freePort(t)
+	return launchAt(t, ctx, scenario, dir, world, freePort(t))
+}
+
+// launchAt is launch with the store at port and extra variables for every
+// rank.
+func launchAt(t *testing.T, ctx context.Context, scenario, dir string, world, port int, extra ...string) ([]*exec.Cmd, []*bytes.Buffer) {
+	t.Helper()
 	var cmds []*exec.Cmd
 	var outs []*bytes.Buffer
 	for r := 0; r < world; r++ {
@@ -52,6 +58,7 @@ func launch(t *testing.T, ctx context.Context, scenario, dir string, world int) 
 		cmd.Env = append(os.Environ(), helperEnv+"="+scenario, "RECAL_DIST_DIR="+dir,
 			"RANK="+strconv.Itoa(r), "WORLD_SIZE="+strconv.Itoa(world), "LOCAL_RANK="+strconv.Itoa(r),
 			"MASTER_ADDR=127.0.0.1", "MASTER_PORT="+strconv.Itoa(port))
+		cmd.Env = append(cmd.Env, extra...)
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
 		if err := cmd.Start(); err != nil {
@@ -183,6 +190,39 @@ func TestDistDeadPeer(t *testing.T) {
 	t.Logf("rank 0:\n%s", outs[0])
 }
 
+// Under torchrun's agent store (its static rendezvous) the launcher serves
+// the store on MASTER_PORT and every rank, rank 0 included, must join as a
+// client under "/worker/attempt_<restart count>": a rank 0 that tried to
+// serve would find the port taken. The test plays the agent.
+func TestDistAgentStore(t *testing.T) {
+	if os.Getenv(helperEnv) != "" {
+		t.Skip("inside a helper rank")
+	}
+	srv, err := torchbridge.ServeStore(0, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmds, outs := launchAt(t, ctx, "agent-store", t.TempDir(), 2, srv.Port(),
+		"TORCHELASTIC_USE_AGENT_STORE=True", "TORCHELASTIC_RESTART_COUNT=3")
+	for r, cmd := range cmds {
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("rank %d under the agent's store: %v\n%s", r, err, outs[r])
+		}
+	}
+	// A second attempt (torchrun restarted the workers) on the same store
+	// starts afresh under its own prefix.
+	cmds, outs = launchAt(t, ctx, "agent-store", t.TempDir(), 2, srv.Port(),
+		"TORCHELASTIC_USE_AGENT_STORE=True", "TORCHELASTIC_RESTART_COUNT=4")
+	for r, cmd := range cmds {
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("rank %d, second attempt on the agent's store: %v\n%s", r, err, outs[r])
+		}
+	}
+}
+
 // TestDistHelper is one rank of a multi-rank test; it runs only when a test
 // above launched it.
 func TestDistHelper(t *testing.T) {
@@ -199,7 +239,7 @@ func TestDistHelper(t *testing.T) {
 	}
 	ctx := context.Background()
 	g, err := torchbridge.NewProcessGroup(ctx, torchbridge.GroupOptions{
-		Rank: l.Rank, WorldSize: l.WorldSize, MasterAddr: l.MasterAddr, MasterPort: l.MasterPort,
+		Rank: l.Rank, WorldSize: l.WorldSize, MasterAddr: l.MasterAddr, MasterPort: l.MasterPort, StorePrefix: l.StorePrefix,
 		Timeout: 5 * time.Second, BucketBytes: 5000, // several buckets, some holding one parameter larger than a bucket
 	})
 	if err != nil {
@@ -214,6 +254,17 @@ func TestDistHelper(t *testing.T) {
 		helperCollectives(t, ctx, g, os.Getenv("RECAL_DIST_DIR"))
 	case "dead-peer":
 		helperDeadPeer(t, ctx, g)
+	case "agent-store":
+		if !strings.HasPrefix(l.StorePrefix, "/worker/attempt_") {
+			t.Fatalf("launched with TORCHELASTIC_USE_AGENT_STORE=True, the store prefix is %q, want torchrun's /worker/attempt_N", l.StorePrefix)
+		}
+		parts, err := g.AllGather(ctx, []byte{byte(g.Rank())})
+		if err != nil || len(parts) != 2 || parts[0][0] != 0 || parts[1][0] != 1 {
+			t.Fatalf("all-gather under the agent's store: %v, %v; want [[0] [1]]", parts, err)
+		}
+		if err := g.Barrier(ctx); err != nil {
+			t.Fatal(err)
+		}
 	default:
 		t.Fatalf("unknown scenario %q", scenario)
 	}

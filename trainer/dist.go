@@ -381,7 +381,8 @@ func JoinGroup(ctx context.Context, launch dist.Launch, dc config.Dist, device s
 	}
 	t0 := time.Now()
 	pg, err := torchbridge.NewProcessGroup(ctx, torchbridge.GroupOptions{Rank: launch.Rank, WorldSize: launch.WorldSize,
-		MasterAddr: launch.MasterAddr, MasterPort: launch.MasterPort, Timeout: dc.Timeout, Backend: backend, BucketBytes: dc.BucketBytes})
+		MasterAddr: launch.MasterAddr, MasterPort: launch.MasterPort, StorePrefix: launch.StorePrefix,
+		Timeout: dc.Timeout, Backend: backend, BucketBytes: dc.BucketBytes})
 	if err != nil {
 		return nil, err
 	}
