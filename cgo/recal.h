@@ -247,9 +247,13 @@ typedef struct rc_dist_opts {
   int64_t bucket_bytes;     /* gradient all-reduce bucket size; ≤ 0: 25 MiB */
 } rc_dist_opts;
 
-/* Joins the group: rank 0 serves a TCPStore at master_addr:master_port, every
- * rank connects and the process group forms. Blocks until all world_size
- * ranks have joined or the timeout passes. */
+  const char* store_prefix; /* NULL: rank 0 serves the store. Else a launcher serves it (torchrun's
+                               agent store): every rank connects as a client and keys its entries
+                               under this prefix, e.g. "/worker/attempt_0" */
+/* Joins the group: rank 0 (or the launcher, see store_prefix) serves a
+ * TCPStore at master_addr:master_port, every rank connects and the process
+ * group forms. Blocks until all world_size ranks have joined or the timeout
+ * passes. */
 int rc_dist_new(const rc_dist_opts* opts, rc_dist** out, char** err);
 
 /* Leaves the group and frees it, waiting for queued work. NULL is a no-op. */
@@ -282,6 +286,17 @@ int rc_dist_barrier(rc_dist* d, char** err);
 
 #ifdef __cplusplus
 }
+/* A TCPStore server alone, as torchrun's agent serves one for its workers
+ * (TORCHELASTIC_USE_AGENT_STORE=True): it listens on port (0: a free one,
+ * reported in *out_port) on every interface until freed. */
+typedef struct rc_store rc_store;
+
+/* Starts a store server. */
+int rc_store_serve(int32_t port, double timeout_s, rc_store** out, int32_t* out_port, char** err);
+
+/* Stops the server and frees it. NULL is a no-op. */
+void rc_store_free(rc_store* s);
+
 #endif
 
 #endif /* RECAL_H */
