@@ -245,11 +245,11 @@ typedef struct rc_dist_opts {
   double timeout_s;         /* rendezvous and every collective; ≤ 0: 300 s */
   const char* backend;      /* "gloo" (NULL or "" too) or "nccl" (CUDA builds) */
   int64_t bucket_bytes;     /* gradient all-reduce bucket size; ≤ 0: 25 MiB */
-} rc_dist_opts;
-
   const char* store_prefix; /* NULL: rank 0 serves the store. Else a launcher serves it (torchrun's
                                agent store): every rank connects as a client and keys its entries
                                under this prefix, e.g. "/worker/attempt_0" */
+} rc_dist_opts;
+
 /* Joins the group: rank 0 (or the launcher, see store_prefix) serves a
  * TCPStore at master_addr:master_port, every rank connects and the process
  * group forms. Blocks until all world_size ranks have joined or the timeout
@@ -284,8 +284,6 @@ int rc_dist_broadcast(rc_dist* d, int32_t root, const void* data, int64_t len, v
 /* Returns when every rank has reached the barrier. */
 int rc_dist_barrier(rc_dist* d, char** err);
 
-#ifdef __cplusplus
-}
 /* A TCPStore server alone, as torchrun's agent serves one for its workers
  * (TORCHELASTIC_USE_AGENT_STORE=True): it listens on port (0: a free one,
  * reported in *out_port) on every interface until freed. */
@@ -297,6 +295,8 @@ int rc_store_serve(int32_t port, double timeout_s, rc_store** out, int32_t* out_
 /* Stops the server and frees it. NULL is a no-op. */
 void rc_store_free(rc_store* s);
 
+#ifdef __cplusplus
+}
 #endif
 
 #endif /* RECAL_H */
