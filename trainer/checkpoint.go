@@ -21,6 +21,9 @@ import (
 //
 //	step-N/, sft/   complete checkpoints, never changed once they have their name
 //	last            a symbolic link to the newest complete one
+//	best            a symbolic link to the step-N of the validation with the
+//	                highest mean F1 so far (train.keep_best)
+//	best.json       that validation: step, checkpoint, F1, EM
 //	.*              leftovers of a write that was stopped; removed by the next
 //	                checkpoint and by --resume
 //
@@ -29,6 +32,14 @@ import (
 // a new symbolic link over it. The folder last names is never removed or
 // renamed, so a kill at any instant leaves last naming a complete checkpoint:
 // the old one, or the new one once the switch is durable.
+//
+// best is switched the same way, after last: a validation whose mean F1 is
+// strictly higher than every earlier one's makes its step a checkpoint
+// (whatever train.checkpoint_every says), and best then names it. best thus
+// never names a step past last, and nothing removes a step-N folder at or
+// before last's, so best always names a complete checkpoint. validation.jsonl
+// is what --resume recovers the best from (recoverBest), repairing best and
+// best.json if a kill came between the switch of last and that of best.
 
 // checkpointFiles are the files every complete checkpoint holds.
 var checkpointFiles = []string{"config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json"}
@@ -131,6 +142,153 @@ func (r *runDir) checkpoint(eng *Engine, st *State, sampler *data.Sampler, name 
 	}
 	r.last = final
 	return nil
+}
+
+// bestCheckpoint is the validation checkpoints/best names (best.json).
+type bestCheckpoint struct {
+	Step       int     `json:"step"`
+	Checkpoint string  `json:"checkpoint"` // step-N, the folder best names
+	F1         float64 `json:"f1"`         // mean over the validation datasets
+	EM         float64 `json:"em"`
+}
+
+// improvedBy reports whether validation v beats the best so far (b.Checkpoint
+// "" = none yet): a strictly higher mean F1, so a tie keeps the earlier step.
+// A validation of no question beats nothing.
+func (b bestCheckpoint) improvedBy(v ValidationResult) bool {
+	return v.Avg.N > 0 && (b.Checkpoint == "" || v.Avg.F1 > b.F1)
+}
+
+func bestOf(v ValidationResult) bestCheckpoint {
+	return bestCheckpoint{Step: v.Step, Checkpoint: fmt.Sprintf("step-%d", v.Step), F1: v.Avg.F1, EM: v.Avg.EM}
+}
+
+// recoverBest replays the validations of validation.jsonl up to step (a
+// resume's checkpoint; −1: none) with the rule of the training loop and
+// returns the best whose step is a complete checkpoint: every best of a run
+// with train.keep_best on is one. A run folder without validations (or
+// checkpoints at them) has none ("" Checkpoint).
+func recoverBest(dir string, step int) (bestCheckpoint, error) {
+	var b bestCheckpoint
+	path := filepath.Join(dir, "validation.jsonl")
+	if step < 0 || !exists(path) {
+		return b, nil
+	}
+	vals, err := readLines[ValidationResult](path)
+	if err != nil {
+		return b, err
+	}
+	for _, v := range vals {
+		if v.Step > step || !b.improvedBy(v) || !complete(filepath.Join(dir, "checkpoints", fmt.Sprintf("step-%d", v.Step))) {
+			continue
+		}
+		b = bestOf(v)
+	}
+	return b, nil
+}
+
+// keepBest points checkpoints/best at b's checkpoint, which must be complete,
+// by renaming a new symbolic link over it, and records b in best.json.
+func (r *runDir) keepBest(b bestCheckpoint) error {
+	ck := filepath.Join(r.dir, "checkpoints")
+	if !complete(filepath.Join(ck, b.Checkpoint)) {
+		return fmt.Errorf("trainer: best checkpoint %s: not a complete checkpoint", b.Checkpoint)
+	}
+	text, err := json.MarshalIndent(b, "", "  ")
+	if err != nil {
+		return fmt.Errorf("trainer: %w", err)
+	}
+	ops := r.ops
+	if ops == nil {
+		ops = directOps{}
+	}
+	link := filepath.Join(ck, ".best-"+strconv.FormatInt(time.Now().UnixNano(), 36))
+	plan := []struct {
+		what string
+		fn   func() error
+	}{
+		{"create the new best link", func() error { return os.Symlink(b.Checkpoint, link) }},
+		{"switch best", func() error { return os.Rename(link, filepath.Join(ck, "best")) }},
+		{"sync checkpoints/ after best", func() error { return syncDir(ck) }},
+		{"write best.json", func() error {
+			return hfmodel.WriteAtomic(filepath.Join(ck, "best.json"), func(w io.Writer) error {
+				_, err := w.Write(append(text, '\n'))
+				return err
+			})
+		}},
+		{"sync checkpoints/ after best.json", func() error { return syncDir(ck) }},
+	}
+	for _, o := range plan {
+		if err := ops.do(o.what, o.fn); err != nil {
+			return fmt.Errorf("trainer: best checkpoint %s: %s: %w", b.Checkpoint, o.what, err)
+		}
+	}
+	return nil
+}
+
+// repairBest makes checkpoints/best and best.json say b, as recovered by
+// --resume (b.Checkpoint "": no best; both are removed).
+func (r *runDir) repairBest(b bestCheckpoint) error {
+	ck := filepath.Join(r.dir, "checkpoints")
+	if b.Checkpoint == "" {
+		for _, f := range []string{"best", "best.json"} {
+			if err := os.Remove(filepath.Join(ck, f)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return fmt.Errorf("trainer: %w", err)
+			}
+		}
+		return nil
+	}
+	var rec bestCheckpoint
+	target, err := os.Readlink(filepath.Join(ck, "best"))
+	if err == nil && target == b.Checkpoint && readJSON(filepath.Join(ck, "best.json"), &rec) == nil && rec == b {
+		return nil
+	}
+	return r.keepBest(b)
+}
+
+// complete reports whether dir holds every file of a checkpoint.
+func complete(dir string) bool {
+	for _, f := range checkpointFiles {
+		if !exists(filepath.Join(dir, f)) {
+			return false
+		}
+	}
+	return true
+}
+
+// ResolveCheckpoint returns the policy checkpoint a command given dir should
+// load: dir itself when it is a checkpoint folder; for a training run folder
+// (one holding checkpoints/), the folder its checkpoints/best names when
+// there is one (train.keep_best), else the one checkpoints/last names. which
+// says what was picked ("best (step 40, validation F1 0.512)", "last", or ""
+// for dir itself).
+func ResolveCheckpoint(dir string) (path, which string, err error) {
+	ck := filepath.Join(dir, "checkpoints")
+	if st, err := os.Stat(ck); err != nil || !st.IsDir() {
+		return dir, "", nil
+	}
+	for _, name := range []string{"best", "last"} {
+		target, err := os.Readlink(filepath.Join(ck, name))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return "", "", fmt.Errorf("trainer: %w", err)
+		}
+		if !filepath.IsAbs(target) {
+			target = filepath.Join(ck, target)
+		}
+		if !complete(target) {
+			return "", "", fmt.Errorf("trainer: %s names %s, which is not a complete checkpoint", filepath.Join(ck, name), target)
+		}
+		which = name
+		var b bestCheckpoint
+		if name == "best" && readJSON(filepath.Join(ck, "best.json"), &b) == nil && filepath.Base(target) == b.Checkpoint {
+			which = fmt.Sprintf("best (step %d, validation F1 %.3f)", b.Step, b.F1)
+		}
+		return target, which, nil
+	}
+	return "", "", fmt.Errorf("trainer: run folder %s has no checkpoint yet (neither checkpoints/best nor checkpoints/last)", dir)
 }
 
 // lastCheckpoint returns the folder checkpoints/last names, "" when there is

@@ -29,6 +29,7 @@ type Metrics struct {
 	Ratio            float64            `json:"ratio"`
 	Loss             float64            `json:"loss"`
 	GradNorm         float64            `json:"grad_norm"` // mean over the step's applied optimizer updates, before clipping
+	LR               float64            `json:"lr"`        // the policy's learning rate this step (train.lr_schedule)
 	StepTime         float64            `json:"step_time_s"`
 	RolloutTime      float64            `json:"rollout_time_s"`
 	TokensPerSec     float64            `json:"tokens_per_s"` // policy tokens generated and trained per second

@@ -27,7 +27,7 @@ import (
 // Options.AllowConfigChange).
 var OperationalKeys = []string{
 	"policy.device", "policy.threads",
-	"train.steps", // where training stops: a longer run continues a shorter one
+	"train.steps", // where training stops: a longer run continues a shorter one (not with a decaying train.lr_schedule: see configChanges)
 	"train.log_every", "train.checkpoint_every", "train.validate_every", "train.max_skipped_updates",
 	"train.micro_batch", "train.head_chunk", // memory knobs: the same sums, grouped differently
 	"eval.*", "serve.*",
@@ -100,7 +100,10 @@ func runConfig(dir string, step int) (string, error) {
 
 // configChanges compares cfg with the configuration file of a run (as
 // config.Config.Write wrote it) and returns the keys that differ, except
-// the operational ones.
+// the operational ones; train.steps counts as a training key when either
+// side's train.lr_schedule decays over it. A run's file that lacks a key
+// (written before the key existed) holds its default, the behaviour the run
+// had.
 func configChanges(path string, cfg config.Config) ([]ConfigChange, error) {
 	text, err := os.ReadFile(path)
 	if err != nil {
@@ -130,6 +133,11 @@ func configChanges(path string, cfg config.Config) ([]ConfigChange, error) {
 		if _, ok := a[key]; !ok && !operational(w.pattern) {
 			out = append(out, ConfigChange{Key: key, Old: json.RawMessage("null"), New: json.RawMessage(w.value)})
 		}
+	}
+	// A decaying learning-rate schedule spans train.steps: another step
+	// count changes the learning rate of every step to come.
+	if old.Train.Steps != cfg.Train.Steps && (old.Train.LRSchedule != "constant" || cfg.Train.LRSchedule != "constant") {
+		out = append(out, ConfigChange{Key: "train.steps", Old: json.RawMessage(jsonText(old.Train.Steps)), New: json.RawMessage(jsonText(cfg.Train.Steps))})
 	}
 	slices.SortFunc(out, func(x, y ConfigChange) int { return strings.Compare(x.Key, y.Key) })
 	return out, nil

@@ -2,6 +2,7 @@ package trainer
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -44,6 +45,11 @@ func TestConfigChanges(t *testing.T) {
 		{"the order of the models (the policy sees them in it)", nil, func(c *config.Config) {
 			c.Pool.Models[0], c.Pool.Models[1] = c.Pool.Models[1], c.Pool.Models[0]
 		}, `pool.models=["sim-factoid","sim-multihop","sim-small"]>["sim-multihop","sim-factoid","sim-small"]`, nil},
+		{"the learning-rate schedule and keep_best are training keys", []string{"train.lr_schedule=cosine", "train.warmup_steps=5",
+			"train.min_lr_ratio=0.1", "train.keep_best=false"}, nil,
+			`train.keep_best=true>false train.lr_schedule="constant">"cosine" train.min_lr_ratio=0>0.1 train.warmup_steps=0>5`, nil},
+		{"train.steps with a decaying schedule (it spans the steps)", []string{"train.lr_schedule=linear", "train.steps=400"}, nil, "",
+			[]string{`train.lr_schedule="constant">"linear"`, "train.steps=300>400"}},
 		{"a model removed", nil, func(c *config.Config) { c.Pool.Models = c.Pool.Models[:2] }, "",
 			[]string{`pool.models[sim-small].name="sim-small">null`, `pool.models[sim-small].sim.default_accuracy=0.05>null`, `pool.models=["sim-factoid","sim-multihop","sim-small"]>["sim-factoid","sim-multihop"]`}},
 	}
@@ -72,6 +78,69 @@ func TestConfigChanges(t *testing.T) {
 			}
 			if text != c.want {
 				t.Errorf("changes %q, want %q", text, c.want)
+			}
+		})
+	}
+}
+
+// With a decaying learning-rate schedule, train.steps decides the learning
+// rate of every step, so a resume may not change it; with "constant" it
+// may. A run folder written before the schedule keys existed resumes under
+// their defaults, which are its behaviour.
+func TestConfigChangesSchedule(t *testing.T) {
+	load := func(t *testing.T, sets ...string) config.Config {
+		t.Helper()
+		cfg, err := config.Load("../recal.toml", sets)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	cases := []struct {
+		name      string
+		run, now  []string
+		dropKeys  bool // the run's config.toml lacks the keys added with the schedule
+		wantSteps bool // train.steps is among the changes
+		wantAny   bool
+	}{
+		{"constant: a longer run continues a shorter one", nil, []string{"train.steps=400"}, false, false, false},
+		{"cosine: the same steps", []string{"train.lr_schedule=cosine"}, []string{"train.lr_schedule=cosine"}, false, false, false},
+		{"cosine: more steps", []string{"train.lr_schedule=cosine"}, []string{"train.lr_schedule=cosine", "train.steps=400"}, false, true, true},
+		{"linear: fewer steps", []string{"train.lr_schedule=linear"}, []string{"train.lr_schedule=linear", "train.steps=200"}, false, true, true},
+		{"a run folder from before the keys, defaults now", nil, nil, true, false, false},
+		{"a run folder from before the keys, a schedule now", nil, []string{"train.lr_schedule=cosine"}, true, false, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "config.toml")
+			run := load(t, c.run...)
+			if err := run.Write(path); err != nil {
+				t.Fatal(err)
+			}
+			if c.dropKeys {
+				b, _ := os.ReadFile(path)
+				var kept []string
+				for _, line := range strings.Split(string(b), "\n") {
+					key, _, _ := strings.Cut(strings.TrimSpace(line), " =")
+					if !slices.Contains([]string{"lr_schedule", "warmup_steps", "min_lr_ratio", "keep_best"}, key) {
+						kept = append(kept, line)
+					}
+				}
+				if len(kept) != len(strings.Split(string(b), "\n"))-4 {
+					t.Fatalf("dropped %d lines, want the 4 keys' lines", len(strings.Split(string(b), "\n"))-len(kept))
+				}
+				os.WriteFile(path, []byte(strings.Join(kept, "\n")), 0o644)
+			}
+			changes, err := configChanges(path, load(t, c.now...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var keys []string
+			for _, ch := range changes {
+				keys = append(keys, ch.Key)
+			}
+			if slices.Contains(keys, "train.steps") != c.wantSteps || (len(keys) > 0) != c.wantAny {
+				t.Errorf("changes %v: want train.steps among them %v, any change %v", keys, c.wantSteps, c.wantAny)
 			}
 		})
 	}

@@ -48,7 +48,7 @@ type State struct {
 //	rollouts.jsonl       one line per response
 //	validation.jsonl     one line per validation
 //	sft.jsonl            one line per supervised step
-//	checkpoints/         step-N/, sft/ and last (see checkpoint.go)
+//	checkpoints/         step-N/, sft/, last, best and best.json (see checkpoint.go)
 type runDir struct {
 	dir                     string
 	last                    string // newest complete checkpoint ("" if none)
@@ -67,6 +67,7 @@ type runPlan struct {
 	last    string         // the checkpoint to continue from ("" = the start)
 	state   State          // its trainer state
 	changes []ConfigChange // allowed configuration changes to record
+	best    bestCheckpoint // the best validation up to last (train.keep_best; "" Checkpoint: none)
 }
 
 // inspectRun reads the run folder and decides, writing nothing: a new run
@@ -98,6 +99,11 @@ func inspectRun(dir string, cfg config.Config, resume, allowChange bool) (runPla
 			return p, err
 		}
 	}
+	if cfg.Train.KeepBest && p.last != "" {
+		if p.best, err = recoverBest(dir, p.state.Step); err != nil {
+			return p, err
+		}
+	}
 	from, err := runConfig(dir, p.state.Step+1)
 	if err != nil || from == "" {
 		return p, err
@@ -117,7 +123,8 @@ func inspectRun(dir string, cfg config.Config, resume, allowChange bool) (runPla
 func openRun(p runPlan, cfg config.Config) (*runDir, error) {
 	r := &runDir{dir: p.dir, last: p.last}
 	ck := filepath.Join(p.dir, "checkpoints")
-	if err := os.MkdirAll(p.dir, 0o755); err != nil {
+	var err error
+	if err = os.MkdirAll(p.dir, 0o755); err != nil {
 		return nil, fmt.Errorf("trainer: %w", err)
 	}
 	if err := recordConfig(p, cfg); err != nil {
@@ -134,8 +141,18 @@ func openRun(p runPlan, cfg config.Config) (*runDir, error) {
 		if err := tidyCheckpoints(ck, step, p.last != "" && p.state.SFTDone); err != nil {
 			return nil, err
 		}
+		// checkpoints/best as validation.jsonl says (a kill may have come
+		// between the switches of last and best); with train.keep_best off
+		// it is left as it is unless it names a checkpoint no longer there.
+		if cfg.Train.KeepBest {
+			err = r.repairBest(p.best)
+		} else if target, lerr := os.Readlink(filepath.Join(ck, "best")); lerr == nil && !complete(filepath.Join(ck, filepath.Base(target))) {
+			err = r.repairBest(bestCheckpoint{})
+		}
+		if err != nil {
+			return nil, err
+		}
 	}
-	var err error
 	for _, f := range []struct {
 		name string
 		dst  **os.File

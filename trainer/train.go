@@ -156,7 +156,7 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 	defer run.Close()
 	j := &job{cfg: cfg, r: r, algo: algo, env: env, eng: eng, st: &st, sampler: sampler, run: run, log: log,
 		adam:     algo.adamW(torchbridge.AdamW{LR: tc.LR, Beta1: tc.Beta1, Beta2: tc.Beta2, Eps: tc.AdamEps, WeightDecay: tc.WeightDecay, MaxGradNorm: tc.MaxGradNorm}),
-		sampling: generate.Sampling{Temperature: tc.Temperature, TopP: tc.TopP}}
+		sampling: generate.Sampling{Temperature: tc.Temperature, TopP: tc.TopP}, best: plan.best}
 
 	// Stage 1: supervised warm-up on format demonstrations.
 	if cfg.SFT.Steps > 0 && !st.SFTDone {
@@ -242,8 +242,13 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 		}
 
 		// Validation (each rank answers its share; rank 0 logs the
-		// merged table) and checkpoints.
+		// merged table) and checkpoints. A validation better than every
+		// earlier one (train.keep_best) makes its step a checkpoint, then
+		// named by checkpoints/best; every rank decides alike, on the
+		// gathered scores.
 		last := st.Step == tc.Steps
+		save := st.Step%tc.CheckpointEvery == 0 || last
+		newBest := false
 		if (tc.ValidateEvery > 0 && st.Step%tc.ValidateEvery == 0) || last {
 			v, ok, err := validateShared(ctx, r, env, valSet, cfg.Eval.Batch, st.Step)
 			if err != nil {
@@ -253,13 +258,21 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 				if err := run.logValidation(v); err != nil {
 					return err
 				}
+				if tc.KeepBest && j.best.improvedBy(v) {
+					j.best, newBest, save = bestOf(v), true, true
+				}
 				if r.leader() {
-					log.Info("validation", "step", st.Step, "em", fmt.Sprintf("%.3f", v.Avg.EM), "f1", fmt.Sprintf("%.3f", v.Avg.F1))
+					log.Info("validation", "step", st.Step, "em", fmt.Sprintf("%.3f", v.Avg.EM), "f1", fmt.Sprintf("%.3f", v.Avg.F1), "best", newBest)
 				}
 			}
 		}
-		if st.Step%tc.CheckpointEvery == 0 || last {
+		if save {
 			if err := j.checkpoint(ctx, ""); err != nil {
+				return err
+			}
+		}
+		if newBest {
+			if err := j.keepBest(ctx); err != nil {
 				return err
 			}
 		}
@@ -282,8 +295,9 @@ type job struct {
 	sampler  *data.Sampler
 	run      *runDir
 	log      *slog.Logger
-	adam     torchbridge.AdamW
+	adam     torchbridge.AdamW // at train.lr; each step scales it (scaleLR)
 	sampling generate.Sampling
+	best     bestCheckpoint // the best validation so far (train.keep_best)
 }
 
 // stepResult is what a GRPO step leaves for the log.
@@ -373,7 +387,10 @@ func (j *job) step(ctx context.Context) (*stepResult, error) {
 	// 6. Loss and backward over this rank's micro-batches, scaled by the
 	// mini-batch's policy tokens over all ranks; then the gradients are
 	// summed over the ranks and every rank takes the same optimizer step
-	// (the expensive part: forward+backward through libtorch).
+	// (the expensive part: forward+backward through libtorch) at this
+	// step's learning rate (train.lr_schedule, train.warmup_steps): a
+	// function of the step alone, so a resumed run continues the schedule.
+	adam := scaleLR(j.adam, tc.LRFactor(step))
 	var gradNorms []float64
 	skipped := 0 // optimizer updates of this step skipped for a non-finite gradient norm
 	var mineLoss rankLoss
@@ -406,7 +423,7 @@ func (j *job) step(ctx context.Context) (*stepResult, error) {
 		if err := r.grads.AllReduceGrads(work); err != nil {
 			return nil, err
 		}
-		gn, err := j.eng.Policy.Step(work, j.adam)
+		gn, err := j.eng.Policy.Step(work, adam)
 		if err != nil {
 			return nil, err
 		}
@@ -437,6 +454,7 @@ func (j *job) step(ctx context.Context) (*stepResult, error) {
 	st.Step = step
 	m := stepMetrics(step, samples, rewards, adv.logged, loss, gradNorms, rstats, usage, len(qs), time.Since(t0), env.Pool.Models())
 	m.SkippedUpdates, m.SkippedUpdatesTotal = skipped, st.SkippedUpdates
+	m.LR = adam.LR
 	j.algo.metrics(adv, loss, &m)
 	return &stepResult{batch: adv, metrics: m}, nil
 }
@@ -451,6 +469,25 @@ func (j *job) checkpoint(ctx context.Context, name string) error {
 		}
 	}
 	return j.r.barrier(context.WithoutCancel(ctx))
+}
+
+// keepBest has rank 0 point checkpoints/best at j.best, checkpointed
+// just before, and the other ranks wait for it: a failed write stops them all.
+func (j *job) keepBest(ctx context.Context) error {
+	if j.r.leader() {
+		if err := j.run.keepBest(j.best); err != nil {
+			return err
+		}
+	}
+	return j.r.barrier(context.WithoutCancel(ctx))
+}
+
+// scaleLR returns the optimizer settings with the policy's and the value
+// head's learning rates (ppo.value_lr; 0 follows the policy's) times f.
+func scaleLR(a torchbridge.AdamW, f float64) torchbridge.AdamW {
+	a.LR *= f
+	a.ValueLR *= f
+	return a
 }
 
 // stepSeed derives the sampling seed of a step, so that a resumed run draws

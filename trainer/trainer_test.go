@@ -141,51 +141,84 @@ func TestTrainLearns(t *testing.T) {
 }
 
 // An interrupted run resumed from its checkpoint continues exactly as the
-// uninterrupted run does.
+// uninterrupted run does: the same metrics (the learning rate of each step
+// included, which follows train.lr_schedule from the checkpoint's step), the
+// same weights and the same checkpoints/best.
 func TestResumeMatchesUninterrupted(t *testing.T) {
 	if err := trainer.SetThreads(2); err != nil {
 		t.Fatal(err)
 	}
 	ck := microCheckpoint(t)
-	cfg := testConfig(t, ck, "sft.steps=0", "train.checkpoint_every=1")
-	full := filepath.Join(t.TempDir(), "full")
-	if err := trainer.Train(context.Background(), cfg, trainer.Options{RunDir: full}); err != nil {
-		t.Fatal(err)
+	cases := []struct {
+		name string
+		sets []string
+	}{
+		{"constant lr", []string{"train.checkpoint_every=1"}},
+		// Validation every step and checkpoints every third: each new best
+		// is a checkpoint of its own; the interruption after step 2 falls
+		// inside the cosine decay.
+		{"cosine after a warm-up, best between checkpoints", []string{"train.lr_schedule=cosine", "train.warmup_steps=1",
+			"train.min_lr_ratio=0.1", "train.checkpoint_every=3", "train.validate_every=1"}},
 	}
-	part := filepath.Join(t.TempDir(), "part")
-	err := trainer.Train(context.Background(), cfg, trainer.Options{RunDir: part, StopAfter: 2})
-	if !errors.Is(err, trainer.ErrInterrupted) {
-		t.Fatalf("stopping after 2 steps: %v, want ErrInterrupted", err)
-	}
-	// Simulate a kill during step 3's logging: a torn line at the end.
-	f, _ := os.OpenFile(filepath.Join(part, "metrics.jsonl"), os.O_APPEND|os.O_WRONLY, 0)
-	f.WriteString(`{"step":3,"reward":{"an`)
-	f.Close()
-	if err := trainer.Train(context.Background(), cfg, trainer.Options{RunDir: part, Resume: true}); err != nil {
-		t.Fatalf("resume: %v", err)
-	}
-	a, b := readJSONL(t, filepath.Join(full, "metrics.jsonl")), readJSONL(t, filepath.Join(part, "metrics.jsonl"))
-	if len(a) != len(b) {
-		t.Fatalf("uninterrupted run logged %d steps, resumed run %d", len(a), len(b))
-	}
-	timing := map[string]bool{"step_time_s": true, "rollout_time_s": true, "tokens_per_s": true}
-	for i := range a {
-		for k, v := range a[i] {
-			if timing[k] {
-				continue
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := testConfig(t, ck, append([]string{"sft.steps=0"}, c.sets...)...)
+			full := filepath.Join(t.TempDir(), "full")
+			if err := trainer.Train(context.Background(), cfg, trainer.Options{RunDir: full}); err != nil {
+				t.Fatal(err)
 			}
-			if fmt.Sprint(v) != fmt.Sprint(b[i][k]) {
-				t.Errorf("step %v: %s = %v uninterrupted, %v resumed", a[i]["step"], k, v, b[i][k])
+			part := filepath.Join(t.TempDir(), "part")
+			err := trainer.Train(context.Background(), cfg, trainer.Options{RunDir: part, StopAfter: 2})
+			if !errors.Is(err, trainer.ErrInterrupted) {
+				t.Fatalf("stopping after 2 steps: %v, want ErrInterrupted", err)
 			}
-		}
-	}
-	wa, wb := params(t, filepath.Join(full, "checkpoints", "last")), params(t, filepath.Join(part, "checkpoints", "last"))
-	for name := range wa {
-		if string(wa[name]) != string(wb[name]) {
-			x := math.Float32frombits(binary.LittleEndian.Uint32(wa[name]))
-			y := math.Float32frombits(binary.LittleEndian.Uint32(wb[name]))
-			t.Errorf("final %s differs between the runs (first element %v vs %v)", name, x, y)
-		}
+			// Simulate a kill during step 3's logging: a torn line at the end.
+			f, _ := os.OpenFile(filepath.Join(part, "metrics.jsonl"), os.O_APPEND|os.O_WRONLY, 0)
+			f.WriteString(`{"step":3,"reward":{"an`)
+			f.Close()
+			if err := trainer.Train(context.Background(), cfg, trainer.Options{RunDir: part, Resume: true}); err != nil {
+				t.Fatalf("resume: %v", err)
+			}
+			a, b := readJSONL(t, filepath.Join(full, "metrics.jsonl")), readJSONL(t, filepath.Join(part, "metrics.jsonl"))
+			if len(a) != len(b) {
+				t.Fatalf("uninterrupted run logged %d steps, resumed run %d", len(a), len(b))
+			}
+			timing := map[string]bool{"step_time_s": true, "rollout_time_s": true, "tokens_per_s": true}
+			for i := range a {
+				for k, v := range a[i] {
+					if timing[k] {
+						continue
+					}
+					if fmt.Sprint(v) != fmt.Sprint(b[i][k]) {
+						t.Errorf("step %v: %s = %v uninterrupted, %v resumed", a[i]["step"], k, v, b[i][k])
+					}
+				}
+				if want := cfg.Train.LR * cfg.Train.LRFactor(i+1); math.Abs(a[i]["lr"].(float64)-want) > 1e-12*want {
+					t.Errorf("step %d: lr %v in metrics.jsonl, want train.lr × LRFactor = %v", i+1, a[i]["lr"], want)
+				}
+			}
+			wa, wb := params(t, filepath.Join(full, "checkpoints", "last")), params(t, filepath.Join(part, "checkpoints", "last"))
+			for name := range wa {
+				if string(wa[name]) != string(wb[name]) {
+					x := math.Float32frombits(binary.LittleEndian.Uint32(wa[name]))
+					y := math.Float32frombits(binary.LittleEndian.Uint32(wb[name]))
+					t.Errorf("final %s differs between the runs (first element %v vs %v)", name, x, y)
+				}
+			}
+			// checkpoints/best is the first validation with the highest
+			// mean F1, in both runs.
+			for _, run := range []string{full, part} {
+				best, bestF1 := "", -1.0
+				for _, v := range readJSONL(t, filepath.Join(run, "validation.jsonl")) {
+					if f1 := v["avg"].(map[string]any)["f1"].(float64); f1 > bestF1 {
+						best, bestF1 = fmt.Sprintf("step-%v", v["step"]), f1
+					}
+				}
+				if got, err := os.Readlink(filepath.Join(run, "checkpoints", "best")); err != nil || got != best {
+					t.Errorf("%s: checkpoints/best names %q (%v), want %s, the first validation with the highest F1 %.3f", filepath.Base(run), got, err, best, bestF1)
+				}
+			}
+		})
 	}
 }
 
