@@ -50,7 +50,7 @@ func evalCommand() *cli.Command {
 			"moved aside to results-<router>.<id>.jsonl (and taken back when those inputs return),\n" +
 			"never mixed in. --dry-run checks everything first and writes nothing.",
 		Flags: append(append(configFlags(),
-			&cli.StringFlag{Name: "checkpoint", Usage: "policy checkpoint folder (required for the policy and direct routers)"},
+			&cli.StringFlag{Name: "checkpoint", Usage: "policy checkpoint folder, or a training run folder: its checkpoints/best, else checkpoints/last (required for the policy and direct routers)"},
 			&cli.StringFlag{Name: "out", Usage: "output folder (default <checkpoint>/../../eval-<split>, or runs/eval-<split>)"},
 			&cli.BoolFlag{Name: "dry-run", Usage: "check the config, checkpoint, data, pool and API keys, print a summary and exit (0, or 2 listing every problem); loads and writes nothing"},
 			nprocFlag(),
@@ -162,7 +162,14 @@ func runEval(ctx context.Context, cmd *cli.Command) error {
 			return usageError{fmt.Errorf("--routers: unknown router %q (known: %s)", r, strings.Join(eval.RouterNames(), ", "))}
 		}
 	}
-	ck := cmd.String("checkpoint")
+	// A run folder stands for its best checkpoint (train.keep_best), else its last.
+	ck, which, err := trainer.ResolveCheckpoint(cmd.String("checkpoint"))
+	if err != nil {
+		return usageError{fmt.Errorf("--checkpoint: %w", err)}
+	}
+	if which != "" {
+		slog.Info("evaluating the run's checkpoint", "picked", which, "checkpoint", ck)
+	}
 	if cmd.Bool("dry-run") {
 		names, sel, err := evalSelection(cmd)
 		if err != nil {
