@@ -52,7 +52,10 @@ std::string shape_str(torch::IntArrayRef s) {
 struct rc_cache {
   rc_policy* p = nullptr;
   int64_t rows = 0, capacity = 0;
-  std::vector<Tensor> k, v;   // per layer [rows, capacity, kv_heads, head_dim]
+  // Per layer [rows, kv_heads, capacity, head_dim]: a head's keys of a row are
+  // one matrix, so the rows of a step feed attention's batched matrix
+  // products as a view (or one gather), not a copy per step.
+  std::vector<Tensor> k, v;
   std::vector<int64_t> len;   // valid tokens per row
 };
 
@@ -679,8 +682,8 @@ int rc_cache_new(rc_policy* p, int64_t rows, int64_t capacity, rc_cache** out, c
     c->len.assign(rows, 0);
     auto opts = torch::TensorOptions().dtype(p->dtype).device(p->device);
     for (size_t l = 0; l < p->layers.size(); l++) {
-      c->k.push_back(torch::zeros({rows, capacity, p->cfg.num_key_value_heads, p->cfg.head_dim}, opts));
-      c->v.push_back(torch::zeros({rows, capacity, p->cfg.num_key_value_heads, p->cfg.head_dim}, opts));
+      c->k.push_back(torch::zeros({rows, p->cfg.num_key_value_heads, capacity, p->cfg.head_dim}, opts));
+      c->v.push_back(torch::zeros({rows, p->cfg.num_key_value_heads, capacity, p->cfg.head_dim}, opts));
     }
     *out = c.release();
   });
@@ -773,21 +776,23 @@ int rc_cache_extend(rc_cache* c, int64_t n, const int64_t* rows, int64_t width, 
       Tensor q, k, v;
       qkv(p, ly, h, cos, sin, q, k, v);
       if (uniform) {
-        c->k[l].narrow(0, rows[0], n).narrow(1, lens[0], width).copy_(k);
-        c->v[l].narrow(0, rows[0], n).narrow(1, lens[0], width).copy_(v);
+      auto kc = c->k[l].transpose(1, 2), vc = c->v[l].transpose(1, 2);  // views [rows, capacity, kv, hd]
+        kc.narrow(0, rows[0], n).narrow(1, lens[0], width).copy_(k);
+        vc.narrow(0, rows[0], n).narrow(1, lens[0], width).copy_(v);
       } else {
         auto vm = valid.view({n, width, 1, 1});
         auto kd = p.cfg.num_key_value_heads, hd = p.cfg.head_dim;
-        c->k[l].index_put_({rsel, psel}, k.masked_select(vm).view({-1, kd, hd}));
-        c->v[l].index_put_({rsel, psel}, v.masked_select(vm).view({-1, kd, hd}));
+        kc.index_put_({rsel, psel}, k.masked_select(vm).view({-1, kd, hd}));
+        vc.index_put_({rsel, psel}, v.masked_select(vm).view({-1, kd, hd}));
       }
       Tensor K, V;
+      // [n, tmax, kv, hd] views whose per-head matrices attend uses in place.
       if (contiguous) {  // a view, no copy: the common case of a whole batch
-        K = c->k[l].narrow(0, rows[0], n).narrow(1, 0, tmax);
-        V = c->v[l].narrow(0, rows[0], n).narrow(1, 0, tmax);
-      } else {
-        K = c->k[l].index_select(0, ri).narrow(1, 0, tmax);
-        V = c->v[l].index_select(0, ri).narrow(1, 0, tmax);
+        K = kc.narrow(0, rows[0], n).narrow(1, 0, tmax);
+        V = vc.narrow(0, rows[0], n).narrow(1, 0, tmax);
+      } else {  // one gather of the rows' first tmax positions
+        K = c->k[l].narrow(2, 0, tmax).index_select(0, ri).transpose(1, 2);
+        V = c->v[l].narrow(2, 0, tmax).index_select(0, ri).transpose(1, 2);
       }
       x = x + torch::linear(attend(p, q, K, V, mask), p.P(ly.o_w));
       x = x + mlp(p, ly, rms_norm(x, p.P(ly.post_norm), p.cfg.rms_norm_eps));
