@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/urfave/cli/v3"
 
-	"github.com/recal-project/recal/calibration"
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/dist"
@@ -270,128 +268,4 @@ func splitList(s string) []string {
 		}
 	}
 	return out
-}
-
-func ablateCommand() *cli.Command {
-	return &cli.Command{
-		Name:  "ablate",
-		Usage: "train full ReCal and its ablations (w/o LSC, w/o CAE, w/o DAO, w/o both) on the same seed and data, evaluate each, write the ablation table",
-		Flags: append(append(configFlags(),
-			&cli.StringFlag{Name: "run-dir", Value: "runs/ablate", Usage: "folder holding one run per variant and the table"},
-		), &cli.StringFlag{Name: "split", Value: "all", Usage: "test split of the table"}),
-		Action: func(ctx context.Context, cmd *cli.Command) error {
-			torchbridge.UseTrainingMalloc()
-			cfg, err := loadConfig(cmd)
-			if err != nil {
-				return err
-			}
-			if err := setThreadsFrom(cmd, cfg); err != nil {
-				return err
-			}
-			root := cmd.String("run-dir")
-			var rows []eval.Row
-			var datasets []string
-			for _, variant := range calibration.AblationNames() {
-				vc := cfg
-				edit, err := calibration.Ablation(variant)
-				if err != nil {
-					return err
-				}
-				edit(&vc.Calibration)
-				dir := filepath.Join(root, variant)
-				resume := fileExists(filepath.Join(dir, "checkpoints", "last"))
-				done := false
-				if resume {
-					if err := trainedAs(dir, vc); err != nil {
-						return err
-					}
-					if done, err = finished(dir, vc.Train.Steps); err != nil {
-						return err
-					}
-				}
-				if !done {
-					slog.Info("ablation: training", "variant", variant, "run_dir", dir, "resume", resume)
-					if err := trainer.Train(ctx, vc, trainer.Options{RunDir: dir, Resume: resume, Log: slog.Default()}); err != nil {
-						return err
-					}
-				}
-				names, err := data.Split(cmd.String("split"))
-				if err != nil {
-					return usageError{err}
-				}
-				vc.Data.Test = names
-				qs, err := vc.Data.LoadTest()
-				if err != nil {
-					return err
-				}
-				s, closeAll, err := evalSetup(cmd, vc, filepath.Join(dir, "checkpoints", "last"), qs)
-				if err != nil {
-					return err
-				}
-				table, err := eval.Run(ctx, s, qs, []string{"policy"}, filepath.Join(dir, "eval-"+cmd.String("split")), slog.Default(), progressFunc())
-				closeAll()
-				if err != nil {
-					return err
-				}
-				row := table.Rows[0]
-				row.Router = variant
-				rows = append(rows, row)
-				datasets = table.Datasets
-			}
-			t := eval.Table{Datasets: datasets, Rows: rows}
-			if err := t.Write(root); err != nil {
-				return err
-			}
-			t.Text(os.Stdout)
-			return nil
-		},
-	}
-}
-
-// trainedAs checks that the run in dir was trained with cfg, up to the
-// number of steps (a longer run continues it), the [eval], [serve],
-// [embedding] and [baselines] tables and where the policy runs
-// (policy.device, policy.threads): a table must not name one configuration
-// and report another's policy. Any
-// other difference, the pool's operational settings included, is refused.
-func trainedAs(dir string, cfg config.Config) error {
-	path := filepath.Join(dir, "config.toml")
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Errorf("ablate: %s has checkpoints but no readable config.toml: %w", dir, err)
-	}
-	was, err := config.Parse(path, b, nil)
-	if err != nil {
-		return fmt.Errorf("ablate: %w", err)
-	}
-	was.Train.Steps, was.Eval, was.Serve = cfg.Train.Steps, cfg.Eval, cfg.Serve
-	was.Embedding, was.Baselines = cfg.Embedding, cfg.Baselines // read by the baseline routers only
-	was.Policy.Device, was.Policy.Threads = cfg.Policy.Device, cfg.Policy.Threads
-	diff, err := config.Diff(was, cfg)
-	if err != nil {
-		return err
-	}
-	if len(diff) > 0 {
-		return fmt.Errorf("ablate: %s was trained with another configuration (%s differ); choose another --run-dir or remove that run", dir, strings.Join(diff, ", "))
-	}
-	return nil
-}
-
-// finished reports whether a run's last checkpoint is at its final step.
-func finished(dir string, steps int) (bool, error) {
-	path := filepath.Join(dir, "checkpoints", "last", "trainer_state.json")
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return false, fmt.Errorf("ablate: %w", err)
-	}
-	var st struct {
-		Step *int `json:"step"`
-	}
-	if err := json.Unmarshal(b, &st); err != nil || st.Step == nil {
-		return false, fmt.Errorf("ablate: %s: no step in it (%v)", path, err)
-	}
-	if *st.Step > steps {
-		return false, fmt.Errorf("ablate: %s is at step %d, past train.steps = %d; choose another --run-dir", path, *st.Step, steps)
-	}
-	return *st.Step == steps, nil
 }
