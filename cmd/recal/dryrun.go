@@ -380,6 +380,7 @@ func dryRunTrain(w io.Writer, cfg config.Config, configPath, runDir string, resu
 	t := cfg.Train
 	p.line("train        %d SFT steps, then %d GRPO steps of %d questions × %d responses, lr %g, kl_coef %g",
 		cfg.SFT.Steps, t.Steps, t.BatchSize, t.GroupSize, t.LR, t.KLCoef)
+	p.line("lr schedule  %s", t.DescribeLR())
 	holds := fileExists(filepath.Join(runDir, "metrics.jsonl")) || fileExists(filepath.Join(runDir, "checkpoints"))
 	switch {
 	case holds && !resume:

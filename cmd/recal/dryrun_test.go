@@ -79,7 +79,7 @@ func TestDryRunOfflineDefault(t *testing.T) {
 	}
 	// float32: weights, gradient sums, two AdamW moments and the KL reference (kl_coef > 0) at 4 bytes each.
 	want := []string{fmt.Sprintf("%d parameters", params), fmt.Sprintf("memory       %.3f GiB", float64(params*4*5)/(1<<30)),
-		"sim-factoid", "sim-multihop", "sim-small", "no problem found"}
+		"sim-factoid", "sim-multihop", "sim-small", "no problem found", "lr schedule  " + cfg.Train.DescribeLR()}
 	for _, ds := range []string{"nq", "hotpotqa"} {
 		one := cfg.Data
 		one.Train = []string{ds}
