@@ -120,6 +120,7 @@ RUN_DIR ?= runs/recal
 train: build $(INIT)
 	rm -rf $(RUN_DIR)
 	./bin/recal train --config recal.toml --run-dir $(RUN_DIR)
+	@echo "next: ./bin/recal eval --checkpoint $(RUN_DIR) --split ood   (the run's checkpoints/best, else checkpoints/last)"
 
 fixtures:
 	$(PYTHON) torchbridge/testdata/qwen2_ref.py
