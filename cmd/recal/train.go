@@ -48,7 +48,7 @@ func trainCommand() *cli.Command {
 			&cli.BoolFlag{Name: "dry-run", Usage: "check the config, checkpoint, data, pool and API keys, print a summary with a memory estimate and exit (0, or 2 listing every problem); loads and writes nothing"},
 			&cli.BoolFlag{Name: "resume", Usage: "continue the run in --run-dir from checkpoints/last (or start it if it has none). " +
 				"Refused when a key that changes what training computes differs from the run's: every key but policy.device/threads, " +
-				"train.steps/log_every/checkpoint_every/validate_every/max_skipped_updates/micro_batch/head_chunk, [eval], [serve], data.test/test_per_dataset, " +
+				"train.steps (unless train.lr_schedule decays over it)/log_every/checkpoint_every/validate_every/max_skipped_updates/micro_batch/head_chunk, [eval], [serve], data.test/test_per_dataset, " +
 				"pool.cache/cache_dir/max_concurrency and the pool models' api_key_env, timeouts, concurrency, rate limits, retries and sim latency; " +
 				"the error names each key with both values"},
 			&cli.BoolFlag{Name: "allow-config-change", Usage: "with --resume: accept changed training keys; they take effect at the step after " +
