@@ -808,9 +808,9 @@ int rc_cache_extend(rc_cache* c, int64_t n, const int64_t* rows, int64_t width, 
                       .to(torch::kFloat32);
     Tensor next;
     if (so->temperature <= 0) {
-      next = logits.argmax(-1);
+      next = choose.argmax(-1);
     } else {
-      auto l = logits / so->temperature;
+      auto l = choose / so->temperature;
       if (so->top_k > 0 && so->top_k < l.size(1)) {
         auto kth = std::get<0>(l.topk(so->top_k, -1)).narrow(1, so->top_k - 1, 1);
         l = l.masked_fill(l < kth, -std::numeric_limits<float>::infinity());
@@ -858,3 +858,26 @@ int rc_cache_extend(rc_cache* c, int64_t n, const int64_t* rows, int64_t width, 
 }
 
 }  // extern "C"
+    // Banned tokens (router.no_repeat_ngram) are excluded from the choice,
+    // greedy or sampled; out_logp stays the unbanned distribution's, like
+    // top-p's.
+    Tensor choose = logits;
+    if (so->ban) {
+      std::vector<int64_t> bi, bt;
+      int64_t off = 0;
+      for (int64_t i = 0; i < n; i++) {
+        for (int64_t j = 0; j < so->ban_counts[i]; j++) {
+          int64_t t = so->ban[off + j];
+          if (t < 0 || t >= logits.size(1)) fail("banned token " + std::to_string(t) + " is outside the vocabulary");
+          bi.push_back(i);
+          bt.push_back(t);
+        }
+        off += so->ban_counts[i];
+      }
+      if (!bi.empty()) {
+        auto opts = torch::TensorOptions().dtype(torch::kInt64);
+        auto ii = torch::from_blob(bi.data(), {(int64_t)bi.size()}, opts).to(dev);
+        auto tt = torch::from_blob(bt.data(), {(int64_t)bt.size()}, opts).to(dev);
+        choose = logits.index_put({ii, tt}, torch::full({}, -std::numeric_limits<float>::infinity(), logits.options()));
+      }
+    }

@@ -208,6 +208,8 @@ typedef struct rc_sample_opts {
   int64_t top_k;      /* 0 = off */
   int32_t want_logp;  /* 0: out_logp is not computed (saves a pass over [rows, vocab]) */
   int64_t row_base;   /* added to each cache row's index in the draw (a data-parallel rank's first global row) */
+  const int32_t* ban;        /* NULL, or the tokens row i must not be sampled: ban_counts[i] of them per row, concatenated */
+  const int64_t* ban_counts; /* [n]; used when ban is not NULL */
 } rc_sample_opts;
 
 /* Appends tokens to n rows and samples the next token of each. tokens is

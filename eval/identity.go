@@ -68,7 +68,8 @@ var inputParts = map[string]func(s Setup) (any, error){
 		return struct {
 			MaxTurns, TurnTokens, InfoTokens int
 			Prompt                           string
-		}{rc.MaxTurns, rc.TurnTokens, rc.InfoTokens, tmpl}, nil
+			NoRepeatNGram                    int `json:",omitempty"`
+		}{rc.MaxTurns, rc.TurnTokens, rc.InfoTokens, tmpl, rc.NoRepeatNGram}, nil
 	},
 	// pool: the models as configured, less the settings that change how
 	// calls are made but not what they answer.

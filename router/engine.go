@@ -1,6 +1,7 @@
 package router
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -19,6 +20,12 @@ type Decoder interface {
 	generate.Decoder
 	// Reset empties the given rows.
 	Reset(ctx context.Context, rows ...int) error
+}
+
+// BanDecoder is a Decoder that can keep given tokens from being chosen,
+// per row (ban[i] for rows[i]). router.no_repeat_ngram needs it.
+type BanDecoder interface {
+	ExtendBanned(ctx context.Context, rows []int, tokens [][]int32, s generate.Sampling, seed uint64, ban [][]int32) (next []int32, logp []float32, err error)
 }
 
 // Errors of the engine.
@@ -164,6 +171,9 @@ func NewEngine(dec Decoder, tok Tokenizer, pool Pool, cfg Config, opt EngineOpti
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("router: engine: %w", err)
+	}
+	if _, ok := dec.(BanDecoder); cfg.NoRepeatNGram > 0 && !ok {
+		return nil, fmt.Errorf("router: engine: router.no_repeat_ngram = %d needs a decoder that can ban tokens (%T cannot)", cfg.NoRepeatNGram, dec)
 	}
 	return &Engine{dec: dec, tok: tok, pool: pool, cfg: cfg, opt: opt,
 		replies: make(chan reply, opt.Rows), wake: make(chan struct{}, 1),
@@ -426,7 +436,30 @@ func (e *Engine) extend(ctx context.Context, ps []*Pending, s generate.Sampling,
 		rows[k], toks[k] = p.row, p.feed
 	}
 	t0 := time.Now()
-	next, logp, err := e.dec.Extend(ctx, rows, toks, s, seed)
+	var next []int32
+	var logp []float32
+	var err error
+	if n := e.cfg.NoRepeatNGram; n > 0 {
+		// A row's next token is chosen after its feed: the turn's tokens so
+		// far are the last turnToks of its output (a fed <information>
+		// block starts a new turn, turnToks 0). Only the text after the
+		// turn's last tag counts (the tokens after its last '>'): the
+		// protocol's tags repeat themselves ("<think>" … "</think>").
+		ban := make([][]int32, len(ps))
+		for k, p := range ps {
+			turn := p.out.Tokens[len(p.out.Tokens)-p.turnToks:]
+			for i := len(turn) - 1; i >= 0; i-- {
+				if bytes.IndexByte(e.tok.TokenBytes(int(turn[i])), '>') >= 0 {
+					turn = turn[i+1:]
+					break
+				}
+			}
+			ban[k] = RepeatBan(turn, n)
+		}
+		next, logp, err = e.dec.(BanDecoder).ExtendBanned(ctx, rows, toks, s, seed, ban)
+	} else {
+		next, logp, err = e.dec.Extend(ctx, rows, toks, s, seed)
+	}
 	took := time.Since(t0)
 	e.mu.Lock()
 	e.stats.Decode += took

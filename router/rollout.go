@@ -26,6 +26,13 @@ type Config struct {
 	// PromptTemplate is the prompt template file (text/template; see
 	// router/prompt.go for its fields). Relative to the config file.
 	PromptTemplate string `toml:"prompt_template"`
+	// NoRepeatNGram, when n > 0, stops the policy from repeating itself
+	// within a turn: a token that would complete an n-gram the turn already
+	// holds is never chosen (greedy or sampled; log-probabilities stay the
+	// unfiltered policy's, as with top-p). A copy that loses its place
+	// otherwise loops ("in the alphabet that does not appear in the
+	// alphabet that ...") until the turn's token limit. 0 = off.
+	NoRepeatNGram int `toml:"no_repeat_ngram"`
 }
 
 // DefaultConfig is the paper's protocol.
@@ -42,6 +49,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("router.turn_tokens = %d: must be ≥ 1", c.TurnTokens)
 	case c.InfoTokens < 1:
 		return fmt.Errorf("router.info_tokens = %d: must be ≥ 1", c.InfoTokens)
+	case c.NoRepeatNGram < 0 || c.NoRepeatNGram == 1:
+		return fmt.Errorf("router.no_repeat_ngram = %d: must be 0 (off) or ≥ 2", c.NoRepeatNGram)
 	}
 	return nil
 }
@@ -166,6 +175,9 @@ func Rollout(ctx context.Context, dec generate.Decoder, tok Tokenizer, pool Pool
 	if len(jobs) == 0 {
 		return []Sample{}, Stats{}, nil
 	}
+	if _, ok := dec.(BanDecoder); cfg.NoRepeatNGram > 0 && !ok {
+		return nil, Stats{}, fmt.Errorf("router: rollout: router.no_repeat_ngram = %d needs a decoder that can ban tokens (%T cannot)", cfg.NoRepeatNGram, dec)
+	}
 	e, err := NewEngine(freshRows{dec}, tok, pool, cfg, EngineOptions{Rows: len(jobs), EOS: eos, Seed: seed})
 	if err != nil {
 		return nil, Stats{}, err
@@ -196,6 +208,15 @@ type freshRows struct{ generate.Decoder }
 
 func (freshRows) Reset(context.Context, ...int) error {
 	return errors.New("router: rollout: rows are never reused")
+}
+
+// ExtendBanned passes bans on when the wrapped decoder takes them.
+func (f freshRows) ExtendBanned(ctx context.Context, rows []int, tokens [][]int32, s generate.Sampling, seed uint64, ban [][]int32) ([]int32, []float32, error) {
+	b, ok := f.Decoder.(BanDecoder)
+	if !ok {
+		return nil, nil, fmt.Errorf("router: %T cannot ban tokens (router.no_repeat_ngram)", f.Decoder)
+	}
+	return b.ExtendBanned(ctx, rows, tokens, s, seed, ban)
 }
 
 // ReplyBytesPerToken bounds how much of a pool reply is read: InfoBlock cuts
@@ -278,4 +299,39 @@ func toInts(v []int32) []int {
 		out[i] = int(x)
 	}
 	return out
+}
+
+// RepeatBan returns the tokens that would complete an n-gram already in
+// turn (the tokens of the current turn so far): for every earlier position
+// where turn's last n−1 tokens occur, the token that followed them. nil when
+// n < 2 or the turn is shorter than n.
+func RepeatBan(turn []int32, n int) []int32 {
+	if n < 2 || len(turn) < n {
+		return nil
+	}
+	k := n - 1
+	tail := turn[len(turn)-k:]
+	var ban []int32
+	for i := 0; i+k < len(turn); i++ {
+		match := true
+		for j := 0; j < k; j++ {
+			if turn[i+j] != tail[j] {
+				match = false
+				break
+			}
+		}
+		if match && !containsToken(ban, turn[i+k]) {
+			ban = append(ban, turn[i+k])
+		}
+	}
+	return ban
+}
+
+func containsToken(ts []int32, t int32) bool {
+	for _, u := range ts {
+		if u == t {
+			return true
+		}
+	}
+	return false
 }

@@ -1,6 +1,7 @@
 package torchbridge
 
 /*
+#include <stdlib.h>
 #include "recal.h"
 */
 import "C"
@@ -8,6 +9,7 @@ import "C"
 import (
 	"context"
 	"fmt"
+	"unsafe"
 )
 
 // Cache is a KV cache over a fixed number of rows (sequences) of one policy.
@@ -112,6 +114,10 @@ type Step struct {
 	RowBase    int    // added to each row's index in the draw: a data-parallel rank's first global row, so a row draws alike whatever the world size
 	WantLogp   bool   // compute Result.Logp (costs a pass over [len(Rows), vocab]); else it is zeros
 	WantLogits bool   // also return the [len(Rows), vocab] logits
+	// Ban, when not nil, holds for each row (Ban[i] for Rows[i]) tokens
+	// that must not be chosen, greedy or sampled; Logp stays the
+	// log-probability under the distribution without the ban.
+	Ban [][]int32
 }
 
 // Result holds the token sampled after each row's last new token, its
@@ -153,8 +159,36 @@ func (c *Cache) Extend(ctx context.Context, s Step) (Result, error) {
 	if s.WantLogp {
 		so.want_logp = 1
 	}
+	var ban []int32
+	var banCounts []int64
+	if s.Ban != nil {
+		if len(s.Ban) != n {
+			return Result{}, fmt.Errorf("torchbridge: extend: %d rows with %d ban lists", n, len(s.Ban))
+		}
+		banCounts = make([]int64, n)
+		for i, b := range s.Ban {
+			for _, t := range b {
+				if t < 0 || int(t) >= c.vocab {
+					return Result{}, fmt.Errorf("torchbridge: extend: row %d: banned token %d outside the vocabulary (%d)", s.Rows[i], t, c.vocab)
+				}
+			}
+			ban = append(ban, b...)
+			banCounts[i] = int64(len(b))
+		}
+	}
 	err := c.call(ctx, func(h *C.rc_cache) error {
 		var msg *C.char
+		if len(ban) > 0 {
+			// so is Go memory, so it must not hold Go pointers (cgo's
+			// rules): the lists are copied to C memory for the call.
+			cb := (*C.int32_t)(C.malloc(C.size_t(4 * len(ban))))
+			cc := (*C.int64_t)(C.malloc(C.size_t(8 * n)))
+			defer C.free(unsafe.Pointer(cb))
+			defer C.free(unsafe.Pointer(cc))
+			copy(unsafe.Slice((*int32)(unsafe.Pointer(cb)), len(ban)), ban)
+			copy(unsafe.Slice((*int64)(unsafe.Pointer(cc)), n), banCounts)
+			so.ban, so.ban_counts = cb, cc
+		}
 		rc := C.rc_cache_extend(h, C.int64_t(n), ptrI64(rows), C.int64_t(width), ptrI32(tok), ptrI64(counts), &so,
 			C.uint64_t(s.Seed), ptrI32(res.Next), ptrF32(res.Logp), ptrF32(logits), &msg)
 		return status(rc, msg)

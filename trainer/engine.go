@@ -83,6 +83,13 @@ func (d Decoder) Extend(ctx context.Context, rows []int, tokens [][]int32, s gen
 	return r.Next, r.Logp, err
 }
 
+// ExtendBanned implements router.BanDecoder.
+func (d Decoder) ExtendBanned(ctx context.Context, rows []int, tokens [][]int32, s generate.Sampling, seed uint64, ban [][]int32) ([]int32, []float32, error) {
+	r, err := d.C.Extend(ctx, torchbridge.Step{Rows: rows, Tokens: tokens, Seed: seed, WantLogp: d.Logp, RowBase: d.RowBase, Ban: ban,
+		Sampling: torchbridge.Sampling{Temperature: s.Temperature, TopP: s.TopP, TopK: s.TopK}})
+	return r.Next, r.Logp, err
+}
+
 // ToInt32 converts token ids.
 func ToInt32(ids []int) []int32 {
 	out := make([]int32, len(ids))

@@ -1,0 +1,129 @@
+package router
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/recal-project/recal/generate"
+	"github.com/recal-project/recal/llmpool"
+)
+
+func TestRepeatBan(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		turn []int32
+		n    int
+		want []int32
+	}{
+		{"off", []int32{1, 2, 1, 2}, 0, nil},
+		{"shorter than n", []int32{1, 2}, 3, nil},
+		{"no earlier match", []int32{1, 2, 3, 4}, 3, nil},
+		{"loop", []int32{5, 6, 7, 5, 6}, 3, []int32{7}},
+		{"two continuations", []int32{5, 6, 7, 5, 6, 8, 5, 6}, 3, []int32{7, 8}},
+		{"same continuation twice listed once", []int32{5, 6, 7, 5, 6, 7, 5, 6}, 3, []int32{7}},
+		{"bigram", []int32{4, 9, 4}, 2, []int32{9}},
+		{"self-overlap", []int32{3, 3, 3}, 3, []int32{3}},
+		{"4-gram needs three tokens to match", []int32{1, 2, 3, 9, 2, 3}, 4, nil},
+		{"4-gram", []int32{1, 2, 3, 9, 1, 2, 3}, 4, []int32{9}},
+	} {
+		if got := RepeatBan(c.turn, c.n); !slices.Equal(got, c.want) {
+			t.Errorf("%s: RepeatBan(%v, %d) = %v, want %v", c.name, c.turn, c.n, got, c.want)
+		}
+	}
+}
+
+func TestNoRepeatNGramValidate(t *testing.T) {
+	for n, ok := range map[int]bool{-1: false, 0: true, 1: false, 2: true, 3: true} {
+		c := DefaultConfig()
+		c.NoRepeatNGram = n
+		if err := c.Validate(); (err == nil) != ok {
+			t.Errorf("no_repeat_ngram = %d: error %v", n, err)
+		}
+	}
+}
+
+// looping writes "<think>a</think><answer> foo bar" and then repeats
+// " foo bar" forever, as a copy that lost its place does; when the next
+// token it wants is banned it closes the answer instead. It records every
+// ban it was given.
+type looping struct {
+	tok   Tokenizer
+	queue map[int][]int32
+	bans  [][]int32
+}
+
+func (l *looping) Extend(ctx context.Context, rows []int, toks [][]int32, s generate.Sampling, seed uint64) ([]int32, []float32, error) {
+	return l.ExtendBanned(ctx, rows, toks, s, seed, make([][]int32, len(rows)))
+}
+
+func (l *looping) ExtendBanned(_ context.Context, rows []int, toks [][]int32, _ generate.Sampling, _ uint64, ban [][]int32) ([]int32, []float32, error) {
+	enc := func(s string) []int32 {
+		var out []int32
+		for _, id := range l.tok.Encode(s) {
+			out = append(out, int32(id))
+		}
+		return out
+	}
+	next := make([]int32, len(rows))
+	for k, r := range rows {
+		if len(toks[k]) > 1 { // the prompt
+			l.queue[r] = enc("<think>a</think><answer> foo bar")
+		}
+		if len(l.queue[r]) == 0 {
+			l.queue[r] = enc(" foo bar")
+		}
+		if slices.Contains(ban[k], l.queue[r][0]) {
+			l.queue[r] = enc("</answer>")
+		}
+		l.bans = append(l.bans, ban[k])
+		next[k] = l.queue[r][0]
+		l.queue[r] = l.queue[r][1:]
+	}
+	return next, make([]float32, len(rows)), nil
+}
+
+// router.no_repeat_ngram breaks a loop inside a tag at its first repeated
+// n-gram and leaves the protocol's own tags alone (a ban there would close
+// the answer before " foo"); without it the loop runs to the turn's limit.
+func TestNoRepeatNGramEndsLoops(t *testing.T) {
+	tok := loadTok(t)
+	pool := simPool(t, 0)
+	q := llmpool.Question{ID: "nq/1", Dataset: "nq", Text: "q?", Golden: []string{"foo"}}
+	eos := []int32{int32(tok.EOS())}
+	for _, c := range []struct {
+		n      int
+		end    string
+		text   string
+		anyBan bool
+	}{
+		{0, "length", "", false},
+		{3, "answer", "<think>a</think><answer> foo bar foo bar</answer>", true},
+		{4, "answer", "<think>a</think><answer> foo bar foo bar foo</answer>", true},
+	} {
+		dec := &looping{tok: tok, queue: map[int][]int32{}}
+		cfg := Config{MaxTurns: 1, TurnTokens: 40, InfoTokens: 32, NoRepeatNGram: c.n}
+		out, _, err := Rollout(context.Background(), dec, tok, pool, cfg, []Job{{Question: q, Prompt: []int32{1, 2, 3}}}, generate.Sampling{}, eos, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := out[0]
+		if o.End != c.end || (c.text != "" && o.Text != c.text) {
+			t.Errorf("n=%d: end %q text %q, want %q %q", c.n, o.End, o.Text, c.end, c.text)
+		}
+		var banned int
+		for _, b := range dec.bans {
+			banned += len(b)
+		}
+		if (banned > 0) != c.anyBan {
+			t.Errorf("n=%d: %d banned tokens over the turn", c.n, banned)
+		}
+	}
+	// A decoder that cannot ban is refused up front, not ignored.
+	_, _, err := Rollout(context.Background(), &forced{tok: tok}, tok, pool, Config{MaxTurns: 1, TurnTokens: 8, InfoTokens: 8, NoRepeatNGram: 3},
+		[]Job{{Question: q, Prompt: []int32{1, 2, 3}}}, generate.Sampling{}, eos, 1)
+	if err == nil || !strings.Contains(err.Error(), "no_repeat_ngram") {
+		t.Fatalf("a decoder without bans: error %v", err)
+	}
+}
