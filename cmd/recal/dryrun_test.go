@@ -248,3 +248,51 @@ func TestPlanMemoryQwen3B(t *testing.T) {
 		})
 	}
 }
+
+// recal eval --checkpoint RUN_DIR evaluates the run's checkpoints/best,
+// else its checkpoints/last, and says which; a run folder without a
+// checkpoint is a usage error.
+func TestEvalCheckpointRunFolder(t *testing.T) {
+	ck := testpolicy.Micro(t, "../..", 1)
+	ckpt := func(t *testing.T, dir string) {
+		t.Helper()
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		entries, _ := os.ReadDir(ck)
+		for _, e := range entries {
+			b, _ := os.ReadFile(filepath.Join(ck, e.Name()))
+			os.WriteFile(filepath.Join(dir, e.Name()), b, 0o644)
+		}
+		os.WriteFile(filepath.Join(dir, "optimizer.safetensors"), []byte("{}"), 0o644)
+		os.WriteFile(filepath.Join(dir, "trainer_state.json"), []byte("{}"), 0o644)
+	}
+	cases := []struct {
+		name  string
+		links map[string]string // checkpoints/<name> → step-N
+		code  int
+		want  string // in the output
+		not   string // not in it
+	}{
+		{"best and last", map[string]string{"best": "step-2", "last": "step-4"}, 0, "step-2", "step-4"},
+		{"last only", map[string]string{"last": "step-4"}, 0, "step-4", "step-2"},
+		{"no checkpoint yet", nil, 2, "no checkpoint yet", ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			run := t.TempDir()
+			os.MkdirAll(filepath.Join(run, "checkpoints"), 0o755)
+			for name, target := range c.links {
+				ckpt(t, filepath.Join(run, "checkpoints", target))
+				if err := os.Symlink(target, filepath.Join(run, "checkpoints", name)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			code, stdout, stderr := runCLI(t, "eval", "--config", "../../recal.toml", "--checkpoint", run, "--split", "ood",
+				"--out", filepath.Join(t.TempDir(), "out"), "--dry-run")
+			if code != c.code || !strings.Contains(stdout+stderr, c.want) || c.not != "" && strings.Contains(stdout+stderr, c.not) {
+				t.Fatalf("exit status %d, want %d, and output mentioning %q, not %q:\n%s\n%s", code, c.code, c.want, c.not, stdout, stderr)
+			}
+		})
+	}
+}
