@@ -806,6 +806,29 @@ int rc_cache_extend(rc_cache* c, int64_t n, const int64_t* rows, int64_t width, 
     // with a large vocabulary the output head is most of a decode step.
     auto logits = (n == 1 ? torch::mv(p.P(p.lm_head), hn.squeeze(0)).unsqueeze(0) : torch::linear(hn, p.P(p.lm_head)))
                       .to(torch::kFloat32);
+    // Banned tokens (router.no_repeat_ngram) are excluded from the choice,
+    // greedy or sampled; out_logp stays the unbanned distribution's, like
+    // top-p's.
+    Tensor choose = logits;
+    if (so->ban) {
+      std::vector<int64_t> bi, bt;
+      int64_t off = 0;
+      for (int64_t i = 0; i < n; i++) {
+        for (int64_t j = 0; j < so->ban_counts[i]; j++) {
+          int64_t t = so->ban[off + j];
+          if (t < 0 || t >= logits.size(1)) fail("banned token " + std::to_string(t) + " is outside the vocabulary");
+          bi.push_back(i);
+          bt.push_back(t);
+        }
+        off += so->ban_counts[i];
+      }
+      if (!bi.empty()) {
+        auto opts = torch::TensorOptions().dtype(torch::kInt64);
+        auto ii = torch::from_blob(bi.data(), {(int64_t)bi.size()}, opts).to(dev);
+        auto tt = torch::from_blob(bt.data(), {(int64_t)bt.size()}, opts).to(dev);
+        choose = logits.index_put({ii, tt}, torch::full({}, -std::numeric_limits<float>::infinity(), logits.options()));
+      }
+    }
     Tensor next;
     if (so->temperature <= 0) {
       next = choose.argmax(-1);
@@ -858,26 +881,3 @@ int rc_cache_extend(rc_cache* c, int64_t n, const int64_t* rows, int64_t width, 
 }
 
 }  // extern "C"
-    // Banned tokens (router.no_repeat_ngram) are excluded from the choice,
-    // greedy or sampled; out_logp stays the unbanned distribution's, like
-    // top-p's.
-    Tensor choose = logits;
-    if (so->ban) {
-      std::vector<int64_t> bi, bt;
-      int64_t off = 0;
-      for (int64_t i = 0; i < n; i++) {
-        for (int64_t j = 0; j < so->ban_counts[i]; j++) {
-          int64_t t = so->ban[off + j];
-          if (t < 0 || t >= logits.size(1)) fail("banned token " + std::to_string(t) + " is outside the vocabulary");
-          bi.push_back(i);
-          bt.push_back(t);
-        }
-        off += so->ban_counts[i];
-      }
-      if (!bi.empty()) {
-        auto opts = torch::TensorOptions().dtype(torch::kInt64);
-        auto ii = torch::from_blob(bi.data(), {(int64_t)bi.size()}, opts).to(dev);
-        auto tt = torch::from_blob(bt.data(), {(int64_t)bt.size()}, opts).to(dev);
-        choose = logits.index_put({ii, tt}, torch::full({}, -std::numeric_limits<float>::infinity(), logits.options()));
-      }
-    }
