@@ -775,8 +775,8 @@ int rc_cache_extend(rc_cache* c, int64_t n, const int64_t* rows, int64_t width, 
       auto h = rms_norm(x, p.P(ly.in_norm), p.cfg.rms_norm_eps);
       Tensor q, k, v;
       qkv(p, ly, h, cos, sin, q, k, v);
-      if (uniform) {
       auto kc = c->k[l].transpose(1, 2), vc = c->v[l].transpose(1, 2);  // views [rows, capacity, kv, hd]
+      if (uniform) {
         kc.narrow(0, rows[0], n).narrow(1, lens[0], width).copy_(k);
         vc.narrow(0, rows[0], n).narrow(1, lens[0], width).copy_(v);
       } else {
