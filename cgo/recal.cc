@@ -89,14 +89,41 @@ std::pair<Tensor, Tensor> rope(const rc_policy& p, const Tensor& pos) {
   return {emb.cos().to(p.dtype), emb.sin().to(p.dtype)};
 }
 
+// A linear layer y = x W^T + b over the last dimension of x.
+using LinearFn = Tensor (*)(const Tensor& x, const Tensor& W, const Tensor& b);
+
+Tensor plain_linear(const Tensor& x, const Tensor& W, const Tensor& b) { return torch::linear(x, W, b); }
+
+// Rows per matrix product of block_linear.
+constexpr int64_t kRowBlock = 16;
+
+// A linear layer whose result for a row does not depend on the other rows
+// of x: the rows go through matrix products of exactly kRowBlock rows (the
+// last block zero-padded). BLAS picks its kernel by the product's shape
+// (OpenBLAS: a small-matrix kernel for a few rows; torch::mv for one), and
+// kernels differ in the last bits; with one shape for every product, a row
+// comes out the same whichever rows share its call and at whichever
+// position (checked for the tiny and small presets' shapes).
+Tensor block_linear(const Tensor& x, const Tensor& W, const Tensor& b) {
+  auto shape = x.sizes().vec();
+  auto K = shape.back();
+  auto x2 = x.reshape({-1, K});
+  auto M = x2.size(0), Mp = (M + kRowBlock - 1) / kRowBlock * kRowBlock;
+  if (Mp != M) x2 = torch::cat({x2, torch::zeros({Mp - M, K}, x2.options())});
+  std::vector<Tensor> out;
+  for (int64_t s = 0; s < Mp; s += kRowBlock) out.push_back(torch::linear(x2.narrow(0, s, kRowBlock), W, b));
+  shape.back() = W.size(0);
+  return torch::cat(out).narrow(0, 0, M).reshape(shape);
+}
+
 // Projects h [n, L, H] to rotated q [n, L, heads, hd] and k, v [n, L, kv, hd].
 void qkv(const rc_policy& p, const Layer& ly, const Tensor& h, const Tensor& cos, const Tensor& sin, Tensor& q,
-         Tensor& k, Tensor& v) {
+         Tensor& k, Tensor& v, LinearFn lin = plain_linear) {
   const auto& c = p.cfg;
   auto n = h.size(0), L = h.size(1);
-  q = torch::linear(h, p.P(ly.q_w), p.P(ly.q_b)).view({n, L, c.num_attention_heads, c.head_dim});
-  k = torch::linear(h, p.P(ly.k_w), p.P(ly.k_b)).view({n, L, c.num_key_value_heads, c.head_dim});
-  v = torch::linear(h, p.P(ly.v_w), p.P(ly.v_b)).view({n, L, c.num_key_value_heads, c.head_dim});
+  q = lin(h, p.P(ly.q_w), p.P(ly.q_b)).view({n, L, c.num_attention_heads, c.head_dim});
+  k = lin(h, p.P(ly.k_w), p.P(ly.k_b)).view({n, L, c.num_key_value_heads, c.head_dim});
+  v = lin(h, p.P(ly.v_w), p.P(ly.v_b)).view({n, L, c.num_key_value_heads, c.head_dim});
   auto c4 = cos.unsqueeze(2), s4 = sin.unsqueeze(2);  // [n|1, L, 1, hd]
   q = q * c4 + rotate_half(q) * s4;
   k = k * c4 + rotate_half(k) * s4;
@@ -123,9 +150,33 @@ Tensor attend(const rc_policy& p, const Tensor& q, const Tensor& k, const Tensor
   return out.view({n, kv, g, L, hd}).permute({0, 3, 1, 2, 4}).reshape({n, L, kv * g * hd});
 }
 
-Tensor mlp(const rc_policy& p, const Layer& ly, const Tensor& h) {
-  auto a = torch::silu(torch::linear(h, p.P(ly.gate))) * torch::linear(h, p.P(ly.up));
-  return torch::linear(a, p.P(ly.down));
+Tensor mlp(const rc_policy& p, const Layer& ly, const Tensor& h, LinearFn lin = plain_linear) {
+  auto a = torch::silu(lin(h, p.P(ly.gate), {})) * lin(h, p.P(ly.up), {});
+  return lin(a, p.P(ly.down), {});
+}
+
+// Attention of n rows of one extend call, each alone over its own columns
+// 0..lens[i]+counts[i] of K, V [n, T, kv, hd] (causal within its new
+// tokens): no padding columns whose number depends on the other rows.
+// Returns [n, width, heads*hd], zeros past a row's count.
+Tensor attend_rows(const rc_policy& p, const Tensor& q, const Tensor& K, const Tensor& V, const int64_t* lens,
+                   const int64_t* counts) {
+  auto n = q.size(0), width = q.size(1);
+  auto att = torch::zeros({n, width, q.size(2) * q.size(3)}, q.options());
+  auto li = torch::TensorOptions().dtype(torch::kLong).device(q.device());
+  for (int64_t i = 0; i < n; i++) {
+    auto ci = counts[i], T = lens[i] + ci;
+    Tensor mask;
+    if (ci > 1)
+      mask = torch::zeros({ci, T}, torch::TensorOptions().dtype(torch::kFloat32).device(q.device()))
+                 .masked_fill(torch::arange(T, li).view({1, T}) > (lens[i] + torch::arange(ci, li)).view({ci, 1}),
+                              -std::numeric_limits<float>::infinity())
+                 .view({1, 1, 1, ci, T});
+    att.narrow(0, i, 1).narrow(1, 0, ci).copy_(attend(p, q.narrow(0, i, 1).narrow(1, 0, ci),
+                                                      K.narrow(0, i, 1).narrow(1, 0, T),
+                                                      V.narrow(0, i, 1).narrow(1, 0, T), mask));
+  }
+  return att;
 }
 
 // Full causal forward of right-padded tokens [B, T]; returns the final-norm
@@ -180,8 +231,8 @@ void check_tokens(const rc_policy& p, int64_t n, const int32_t* tokens) {
 // gradient of a per-token loss L(logp) analytically:
 //   dL/dlogits = c · (onehot(target) − softmax) + e · softmax ⊙ (log softmax + H)
 // where c = dL/dlogp (from coef) and e the entropy-bonus weight per token.
-// The head weight's gradient is accumulated into its float32 gradient sum
-// (p.grad_acc) and dL/dh is returned, so autograd never stores a
+// The head weight's gradient is accumulated in float32 into p.head_grad
+// (added to the gradient sums by flush_grads) and dL/dh is returned, so autograd never stores a
 // [tokens, vocab] tensor.
 struct HeadGrad {
   // Per-token dL/dlogp for a chunk [s, s+n) given its log-probs and entropies.
@@ -201,7 +252,8 @@ void head(rc_policy& p, const Tensor& h, const Tensor& targets, int64_t chunk, T
   Tensor Wg;  // float32, whatever the policy's dtype: chunks accumulate exactly
   if (grad) {
     *hgrad = torch::zeros_like(h);
-    Wg = p.grad_acc(p.lm_head);
+    // This call's own sum, added to grad32 whole by flush_grads.
+    Wg = p.head_grad = torch::zeros(W.sizes(), f32);
   }
   for (int64_t s = 0; s < N; s += chunk) {
     auto n = std::min(chunk, N - s);
@@ -768,13 +820,21 @@ int rc_cache_extend(rc_cache* c, int64_t n, const int64_t* rows, int64_t width, 
                  .masked_fill(cols.view({1, 1, tmax}) > pos.unsqueeze(2), -std::numeric_limits<float>::infinity())
                  .view({n, 1, 1, width, tmax});
     }
+    // With log-probs asked for (training rollouts), a row's result must not
+    // depend on which rows share the call: that depends on when pool replies
+    // arrive, and the log-probs are the ratio's denominator in the loss. The
+    // linear layers then use products of one shape and each row attends
+    // alone (a little slower); inference (serve, eval) keeps the fastest
+    // kernels, including the matrix-vector product of a lone row.
+    bool invariant = so->want_logp != 0;
+    LinearFn lin = invariant ? block_linear : plain_linear;
     auto [cos, sin] = rope(p, pos);
     auto x = torch::embedding(p.P(p.embed), tok);
     for (size_t l = 0; l < p.layers.size(); l++) {
       const auto& ly = p.layers[l];
       auto h = rms_norm(x, p.P(ly.in_norm), p.cfg.rms_norm_eps);
       Tensor q, k, v;
-      qkv(p, ly, h, cos, sin, q, k, v);
+      qkv(p, ly, h, cos, sin, q, k, v, lin);
       auto kc = c->k[l].transpose(1, 2), vc = c->v[l].transpose(1, 2);  // views [rows, capacity, kv, hd]
       if (uniform) {
         kc.narrow(0, rows[0], n).narrow(1, lens[0], width).copy_(k);
@@ -785,8 +845,8 @@ int rc_cache_extend(rc_cache* c, int64_t n, const int64_t* rows, int64_t width, 
         kc.index_put_({rsel, psel}, k.masked_select(vm).view({-1, kd, hd}));
         vc.index_put_({rsel, psel}, v.masked_select(vm).view({-1, kd, hd}));
       }
-      Tensor K, V;
       // [n, tmax, kv, hd] views whose per-head matrices attend uses in place.
+      Tensor K, V;
       if (contiguous) {  // a view, no copy: the common case of a whole batch
         K = kc.narrow(0, rows[0], n).narrow(1, 0, tmax);
         V = vc.narrow(0, rows[0], n).narrow(1, 0, tmax);
@@ -794,8 +854,8 @@ int rc_cache_extend(rc_cache* c, int64_t n, const int64_t* rows, int64_t width, 
         K = c->k[l].narrow(2, 0, tmax).index_select(0, ri).transpose(1, 2);
         V = c->v[l].narrow(2, 0, tmax).index_select(0, ri).transpose(1, 2);
       }
-      x = x + torch::linear(attend(p, q, K, V, mask), p.P(ly.o_w));
-      x = x + mlp(p, ly, rms_norm(x, p.P(ly.post_norm), p.cfg.rms_norm_eps));
+      x = x + lin(invariant ? attend_rows(p, q, K, V, lens.data(), counts) : attend(p, q, K, V, mask), p.P(ly.o_w), {});
+      x = x + mlp(p, ly, rms_norm(x, p.P(ly.post_norm), p.cfg.rms_norm_eps), lin);
     }
     for (int64_t i = 0; i < n; i++) c->len[rows[i]] += counts[i];
     // Only the last new position of each row needs logits.
@@ -804,7 +864,9 @@ int rc_cache_extend(rc_cache* c, int64_t n, const int64_t* rows, int64_t width, 
     // One row (batch-1 decode): a matrix-vector product. BLAS runs it ~1.4x
     // faster than the one-row matrix product linear() would ask for, and
     // with a large vocabulary the output head is most of a decode step.
-    auto logits = (n == 1 ? torch::mv(p.P(p.lm_head), hn.squeeze(0)).unsqueeze(0) : torch::linear(hn, p.P(p.lm_head)))
+    auto logits = (invariant ? block_linear(hn, p.P(p.lm_head), {})
+                   : n == 1  ? torch::mv(p.P(p.lm_head), hn.squeeze(0)).unsqueeze(0)
+                             : torch::linear(hn, p.P(p.lm_head)))
                       .to(torch::kFloat32);
     // Banned tokens (router.no_repeat_ngram) are excluded from the choice,
     // greedy or sampled; out_logp stays the unbanned distribution's, like

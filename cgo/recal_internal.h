@@ -73,6 +73,11 @@ struct rc_policy {
   // micro-batches accumulate in float32 even for bfloat16 policies. The
   // optimizer (and anything that reduces gradients) reads these, not .grad.
   std::vector<torch::Tensor> grad32;
+  // The output head's weight gradient of the backward call under way
+  // (float32), kept apart from grad32 until flush_grads: a call's gradient
+  // is summed whole, then added to the sums, so accumulating micro-batches
+  // adds exactly what data-parallel ranks each holding one would all-reduce.
+  torch::Tensor head_grad;
 
   // AdamW state, created on the first step.
   int64_t step = 0;
@@ -108,20 +113,24 @@ struct rc_policy {
     if (grad32.size() != params.size()) grad32.resize(params.size());
     for (size_t i = 0; i < params.size(); i++) {
       auto& t = params[i];
-      if (!t.grad().defined()) continue;
-      auto g = t.grad().to(torch::kFloat32);  // float32 .grad: the same tensor, no copy
+      torch::Tensor g;
+      if (t.grad().defined()) g = t.grad().to(torch::kFloat32);  // float32 .grad: the same tensor, no copy
+      if ((int)i == lm_head && head_grad.defined()) g = g.defined() ? head_grad.add_(g) : head_grad;
+      if (!g.defined()) continue;
       if (grad32[i].defined())
         grad32[i].add_(g);
       else
         grad32[i] = g;
       t.mutable_grad() = torch::Tensor();
     }
+    head_grad = torch::Tensor();
   }
 
   // Drops every gradient.
   void clear_grads() {
     for (auto& t : params) t.mutable_grad() = torch::Tensor();
     grad32.clear();
+    head_grad = torch::Tensor();
   }
 
   torch::Tensor find_tensor(const std::string& name) {
