@@ -206,7 +206,9 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 	for st.Step < tc.Steps {
 		// Collective: the ranks stop together, after a checkpoint, when any
 		// of them was interrupted.
-		stop, err := r.anyOf(ctx, ctx.Err() != nil || (opt.StopAfter > 0 && done >= opt.StopAfter))
+		// (Not on ctx: once cancelled it would fail the very exchange that
+		// says so, and the run would end without its checkpoint.)
+		stop, err := r.anyOf(context.WithoutCancel(ctx), ctx.Err() != nil || (opt.StopAfter > 0 && done >= opt.StopAfter))
 		if err != nil {
 			return err
 		}
