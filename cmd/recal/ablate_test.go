@@ -346,17 +346,32 @@ func TestAblateResumesAfterAStop(t *testing.T) {
 		t.Errorf("stopped after its first run the study holds %v, want the warm-up and that run alone", entries)
 	}
 	done := studyFiles(t, root)
+
+	// Stopped again in the middle of the second run, after its first step:
+	// the run saves that step and stops.
+	stop, cancel = context.WithCancel(ctx)
+	defer cancel()
+	o = studyOptions(root, 5)
+	o.Log = slog.New(cancelOn{"step", cancel})
+	if _, err := runAblation(stop, cfg, o); !errors.Is(err, trainer.ErrInterrupted) {
+		t.Fatalf("study stopped mid-run: error %v, want trainer.ErrInterrupted", err)
+	}
+	second := ablate.VariantDir(root, 5, studyVariants[1].Name)
+	if at, err := finished(second, 1); err != nil || !at {
+		t.Errorf("the run stopped after its first step: checkpoints/last at step 1 %v (%v), want a checkpoint of that step", at, err)
+	}
+
 	resumed, err := runAblation(ctx, cfg, studyOptions(root, 5))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{ablate.VariantDir(root, 5, studyVariants[1].Name)}; !slices.Equal(resumed.Trained, want) {
+	if want := []string{second}; !slices.Equal(resumed.Trained, want) {
 		t.Errorf("the continued study trained %v, want %v alone (not %s or %s again)", resumed.Trained, want, warm, first)
 	}
 	now := studyFiles(t, root)
 	for p, m := range done {
 		if !now[p].Equal(m) {
-			t.Errorf("%s, done before the stop, was written again", p)
+			t.Errorf("%s, done before the first stop, was written again", p)
 		}
 	}
 	want, _ := json.Marshal(ref.Table)
@@ -364,6 +379,23 @@ func TestAblateResumesAfterAStop(t *testing.T) {
 		t.Errorf("the stopped and continued study's table differs from the uninterrupted one's:\n%s\nwant\n%s", got, want)
 	}
 }
+
+// cancelOn is a log handler that calls cancel on a record with message msg
+// (the trainer logs "step" after a step), as a SIGINT then would.
+type cancelOn struct {
+	msg    string
+	cancel func()
+}
+
+func (h cancelOn) Enabled(context.Context, slog.Level) bool { return true }
+func (h cancelOn) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		h.cancel()
+	}
+	return nil
+}
+func (h cancelOn) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h cancelOn) WithGroup(string) slog.Handler      { return h }
 
 func mustEval(t *testing.T, p string) string {
 	t.Helper()
