@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -13,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -23,6 +25,7 @@ import (
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/eval"
 	"github.com/recal-project/recal/internal/testpolicy"
+	"github.com/recal-project/recal/router"
 	"github.com/recal-project/recal/torchbridge"
 	"github.com/recal-project/recal/trainer"
 )
@@ -411,6 +414,152 @@ func TestServeMatchesEval(t *testing.T) {
 				c.Choices[0].Message.Content, c.Recal.Response, want[i].Answer, want[i].Response)
 		}
 	}
+}
+
+var updateServePolicy = flag.Bool("update-serve-policy", false,
+	"remake testdata/serve-policy: a supervised warm-up of the tiny copy-circuit policy (minutes), stored in bfloat16")
+
+// servePolicy is a policy that writes the protocol and calls the pool: the
+// tiny copy-circuit policy after a short supervised warm-up on recal.toml's
+// simulated pool, its weights stored in bfloat16 to keep the fixture small
+// (loaded as float32). -update-serve-policy remakes it (makeServePolicy).
+const servePolicy = "testdata/serve-policy"
+
+// makeServePolicy writes servePolicy: recal policy init (tiny, copy
+// circuit, a 3000-token vocabulary), recal train with sft.steps = 200 and no
+// GRPO step, then the warm-up's checkpoint saved in bfloat16.
+func makeServePolicy(t *testing.T) {
+	t.Helper()
+	dir := t.TempDir()
+	tiny, run := filepath.Join(dir, "tiny"), filepath.Join(dir, "run")
+	steps := [][]string{
+		{"--threads", "2", "policy", "init", "--preset", "tiny", "--tokenizer", "../../tokenizer/qwen2.5", "--out", tiny, "--seed", "0",
+			"--trim-corpus", "../../data/qa", "--trim-corpus", "../../router", "--trim-corpus", "../../recal.toml", "--trim-vocab", "3000", "--copy-circuit"},
+		{"--threads", "2", "--log-level", "warn", "train", "--config", "../../recal.toml", "--run-dir", run, "--set", "policy.checkpoint=" + tiny,
+			"--set", "sft.steps=200", "--set", "train.steps=0"},
+	}
+	for _, args := range steps {
+		if code, _, stderr := runCLI(t, args...); code != 0 {
+			t.Fatalf("recal %s: exit %d: %s", strings.Join(args, " "), code, stderr)
+		}
+	}
+	p, err := torchbridge.LoadPolicy(filepath.Join(run, "checkpoints", "sft"), torchbridge.Options{DType: "bfloat16"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if err := p.Save(servePolicy); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// At temperature 0 the server answers exactly as recal eval's policy router
+// does, with a policy that calls the pool: the same response text, answer
+// and pool calls (model, sub-query) per question, through the whole
+// protocol (search, information, answer). Requests are sent one at a time,
+// as eval decodes each question alone here (batch 1).
+func TestServeMatchesEvalWithPoolCalls(t *testing.T) {
+	if *updateServePolicy {
+		makeServePolicy(t)
+	}
+	ck, err := filepath.Abs(servePolicy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load("../../recal.toml", []string{"policy.checkpoint=" + ck, "policy.threads=2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Data.Test, cfg.Data.TestPerDataset = []string{"nq", "hotpotqa"}, 6
+	examples, err := cfg.Data.LoadTest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := trainer.SetThreads(2); err != nil {
+		t.Fatal(err)
+	}
+	eng, err := trainer.OpenEngine(ck, torchbridge.Options{Device: "cpu", DType: "float32"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	env, err := trainer.NewEnv(cfg, eng, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.Close()
+	type call struct{ Model, Query string }
+	type outcome struct {
+		answer, response string
+		calls            []call
+	}
+	var want []outcome
+	calling := 0
+	for _, ex := range examples {
+		// The service shows simulated models the question alone (no id,
+		// dataset or golden answers); so does this example. A fresh
+		// environment per question: its prompt cache is keyed by id.
+		r, err := eval.NewRouter("policy", eval.Setup{Env: env.WithPrompt(env.Prompt, env.Router), Batch: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := r.Answer(context.Background(), []data.Example{{Question: ex.Question}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := outcome{answer: res[0].Answer, response: res[0].Response}
+		for _, c := range res[0].Calls {
+			o.calls = append(o.calls, call{c.Model, c.Query})
+		}
+		if hasPoolCall(res[0].Calls) {
+			calling++
+		}
+		want = append(want, o)
+	}
+	// Most questions must go through search → information → answer, or
+	// the comparison would not cover the protocol.
+	if calling*4 < len(examples)*3 {
+		t.Fatalf("eval made a pool call for %d of %d questions, want at least 3 in 4: %s no longer calls the pool (remake it with -update-serve-policy)",
+			calling, len(examples), servePolicy)
+	}
+
+	p := startServe(t, "--checkpoint", ck)
+	for i, ex := range examples {
+		resp, body := p.post(t, question(ex.Question, `"temperature":0`))
+		var c struct {
+			Choices []struct{ Message struct{ Content string } }
+			Recal   struct {
+				Response string
+				Trace    []struct {
+					Model    string `json:"model"`
+					SubQuery string `json:"sub_query"`
+				}
+			}
+		}
+		if resp.StatusCode != 200 || json.Unmarshal(body, &c) != nil || len(c.Choices) != 1 {
+			t.Fatalf("%q: status %d %s", ex.Question, resp.StatusCode, body)
+		}
+		got := outcome{answer: c.Choices[0].Message.Content, response: c.Recal.Response}
+		for _, e := range c.Recal.Trace {
+			got.calls = append(got.calls, call{e.Model, e.SubQuery})
+		}
+		if got.answer != want[i].answer || got.response != want[i].response || !slices.Equal(got.calls, want[i].calls) {
+			t.Errorf("%q at temperature 0:\nserve answered %q after calls %q, response %q;\neval answered  %q after calls %q, response %q",
+				ex.Question, got.answer, got.calls, got.response, want[i].answer, want[i].calls, want[i].response)
+		}
+	}
+	t.Logf("%d questions, %d with pool calls: serve and eval agree on each", len(examples), calling)
+}
+
+// hasPoolCall reports whether a response called a pool model (not an
+// unknown name or a refused search).
+func hasPoolCall(calls []router.Call) bool {
+	for _, c := range calls {
+		if !c.Unknown && !c.Refused {
+			return true
+		}
+	}
+	return false
 }
 
 // SIGTERM with 16 requests in flight: all 16 complete and the process
