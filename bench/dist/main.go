@@ -1,23 +1,49 @@
 // Command dist measures the gradient all-reduce of torchbridge.ProcessGroup
-// (c10d Gloo, 2 ranks on loopback) on the parameter shapes of the bench
-// presets, and the same all-reduce through torch.distributed's gloo backend
-// in python3-torch (bench/dist/torch_allreduce.py) in the same run. It
-// prints, per preset, the gradient size, the median time of one all-reduce
-// of the whole gradient, its bandwidth (gradient bytes / time) and the ratio
-// PyTorch time / recal time for each way PyTorch is run (target ≥ 1.0× on
-// the rows that do the same work: flatten and bucketed). `make bench` runs
-// it.
+// (c10d Gloo, 2 ranks on loopback) on the whole float32 gradient of the
+// bench presets, against the same all-reduce through torch.distributed's
+// gloo backend in python3-torch (bench/dist/torch_allreduce.py), in one run.
+// `make bench` runs it.
 //
-// The parent re-executes itself as each rank (RECAL_BENCH_RANK set); rank 0
-// prints its result as JSON.
+// Both sides' ranks stay alive for the whole measurement and are driven
+// through their stdin in rounds: in each round every mode of each side runs
+// --per-round timed all-reduces, one mode after the other, the order
+// rotating between rounds, so a change in the machine's load falls on both
+// sides alike (the 2-core VM is shared). The first round is a warm-up and
+// is not counted. Same buffers (the preset's parameter shapes, float32, in
+// the same 25 MiB buckets), the same intra-op threads (--threads) and
+// Gloo's default 2 worker threads on both sides, each all-reduce preceded by
+// a barrier and timed on rank 0.
+//
+// Modes (recal / torch.distributed):
+//
+//	recal grads      fresh gradients (a backward outside the timer), copied
+//	                 into the buckets, the buckets' all-reduces: what a
+//	                 training step's all-reduce does.
+//	recal views      the gradients already views of the buckets (the state
+//	                 after an all-reduce): the buckets' all-reduces alone.
+//	torch views      the same buckets, gradients as their views (DDP's
+//	                 gradient_as_bucket_view=True): the all-reduces alone.
+//	torch bucketed   copy in, async all-reduce per bucket, copy back (DDP's
+//	                 default reducer).
+//	torch flatten    _flatten_dense_tensors, one all_reduce, copy back.
+//	torch flat       one preallocated buffer, one all_reduce.
+//
+// It prints, per preset and mode, the median time, the interquartile range
+// and min–max over every timed all-reduce, the bandwidth (gradient bytes /
+// median), and the ratios torch / recal of the modes that do the same
+// communication, as the ratio of the medians and the median of the
+// per-round ratios (target ≥ 1.0×).
+//
+// The parent re-executes itself as each recal rank (RECAL_BENCH_RANK set).
 package main
 
 import (
-	"bytes"
+	"bufio"
 	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -33,27 +59,17 @@ import (
 )
 
 var (
-	python      = flag.String("python", "/usr/bin/python3", "Python with torch for the reference run; empty skips it")
+	python      = flag.String("python", "/usr/bin/python3", "Python with torch for the reference; empty skips it")
 	presets     = flag.String("presets", "tiny,small", "comma-separated presets")
 	vocab       = flag.Int64("vocab", 151936, "vocabulary size of the presets (bench/main.go's, Qwen2.5's)")
-	world       = flag.Int("world", 2, "ranks, each a process on this machine")
-	threads     = flag.Int("threads", 1, "intra-op CPU threads per rank, for both engines")
-	warmup      = flag.Int("warmup", 3, "untimed all-reduces")
-	repeats     = flag.Int("repeats", 10, "timed all-reduces (the median is reported)")
-	bucketBytes = flag.Int("bucket-bytes", 0, "recal's all-reduce bucket size (0: its default, 25 MiB)")
-	bucketMiB   = flag.Int("torch-bucket-mib", 25, "the bucketed PyTorch reference's bucket size")
+	world       = flag.Int("world", 2, "ranks of each side, each a process on this machine")
+	threads     = flag.Int("threads", 1, "intra-op CPU threads per rank, on both sides")
+	rounds      = flag.Int("rounds", 10, "counted rounds (one more, first, is a warm-up)")
+	perRound    = flag.Int("per-round", 3, "timed all-reduces of each mode per round")
+	bucketBytes = flag.Int("bucket-bytes", 25<<20, "bucket size of both sides' all-reduce")
 )
 
 const rankEnv = "RECAL_BENCH_RANK"
-
-// result is one engine's median seconds per all-reduce of the whole gradient.
-type result struct {
-	Numel    int64   `json:"numel"`
-	Recal    float64 `json:"recal_s,omitempty"`
-	Flat     float64 `json:"flat_s,omitempty"`
-	Flatten  float64 `json:"flatten_s,omitempty"`
-	Bucketed float64 `json:"bucketed_s,omitempty"`
-}
 
 func main() {
 	torchbridge.UsePassiveOpenMP()
@@ -64,8 +80,9 @@ func main() {
 		}
 		return
 	}
-	fmt.Printf("gradient all-reduce, %d ranks on loopback, Gloo, float32 sum, %d thread(s) per rank, median of %d\n",
-		*world, *threads, *repeats)
+	fmt.Printf("gradient all-reduce, %d ranks per side on loopback, Gloo, float32 sum, %d intra-op thread(s) per rank, "+
+		"%d MiB buckets; %d rounds × %d per mode after a warm-up round, modes interleaved; %s\n",
+		*world, *threads, *bucketBytes>>20, *rounds, *perRound, time.Now().Format("2006-01-02 15:04"))
 	for _, name := range strings.Split(*presets, ",") {
 		if err := compare(name); err != nil {
 			fail(err)
@@ -87,14 +104,98 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// compare measures one preset with both engines and prints its rows.
+// side is one engine's ranks, alive between commands.
+type side struct {
+	name  string
+	cmds  []*exec.Cmd
+	ins   []io.WriteCloser
+	out   *bufio.Reader // rank 0's answers
+	modes []string
+}
+
+// start launches world ranks of argv with env added to each rank's RANK.
+func start(name string, argv []string, env []string, modes []string) (*side, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	s := &side{name: name, modes: modes}
+	for r := 0; r < *world; r++ {
+		cmd := exec.Command(argv[0], argv[1:]...)
+		cmd.Env = append(os.Environ(), env...)
+		cmd.Env = append(cmd.Env, rankEnv+"="+strconv.Itoa(r), "RANK="+strconv.Itoa(r), "WORLD_SIZE="+strconv.Itoa(*world),
+			"MASTER_ADDR=127.0.0.1", "MASTER_PORT="+strconv.Itoa(port),
+			"OMP_NUM_THREADS="+strconv.Itoa(*threads), "OMP_WAIT_POLICY=PASSIVE")
+		cmd.Stderr = os.Stderr
+		in, err := cmd.StdinPipe()
+		if err != nil {
+			return nil, err
+		}
+		if r == 0 {
+			o, err := cmd.StdoutPipe()
+			if err != nil {
+				return nil, err
+			}
+			s.out = bufio.NewReader(o)
+		}
+		if err := cmd.Start(); err != nil {
+			return nil, err
+		}
+		s.cmds = append(s.cmds, cmd)
+		s.ins = append(s.ins, in)
+	}
+	return s, nil
+}
+
+// answer is rank 0's reply to one command.
+type answer struct {
+	Numel int64     `json:"numel"`
+	Times []float64 `json:"times"`
+}
+
+// run has every rank run n all-reduces of mode and returns rank 0's times.
+func (s *side) run(mode string, n int) (answer, error) {
+	for r, in := range s.ins {
+		if _, err := fmt.Fprintf(in, "%s %d\n", mode, n); err != nil {
+			return answer{}, fmt.Errorf("%s rank %d: %w", s.name, r, err)
+		}
+	}
+	line, err := s.out.ReadBytes('\n')
+	if err != nil {
+		return answer{}, fmt.Errorf("%s rank 0 (%s): %w", s.name, mode, err)
+	}
+	var a answer
+	if err := json.Unmarshal(line, &a); err != nil {
+		return answer{}, fmt.Errorf("%s rank 0: %q: %w", s.name, line, err)
+	}
+	return a, nil
+}
+
+func (s *side) stop() error {
+	for _, in := range s.ins {
+		fmt.Fprintln(in, "quit")
+		in.Close()
+	}
+	var first error
+	for r, cmd := range s.cmds {
+		if err := cmd.Wait(); err != nil && first == nil {
+			first = fmt.Errorf("%s rank %d: %w", s.name, r, err)
+		}
+	}
+	return first
+}
+
+func (s *side) kill() {
+	for _, cmd := range s.cmds {
+		if cmd.Process != nil {
+			cmd.Process.Kill()
+		}
+	}
+}
+
+// compare measures one preset on both sides and prints its rows.
 func compare(preset string) error {
 	cfg, err := hfmodel.Preset(preset, *vocab)
-	if err != nil {
-		return err
-	}
-	// recal: world ranks of this program.
-	port, err := freePort()
 	if err != nil {
 		return err
 	}
@@ -102,100 +203,141 @@ func compare(preset string) error {
 	if err != nil {
 		return err
 	}
-	var cmds []*exec.Cmd
-	var out bytes.Buffer
-	for r := 0; r < *world; r++ {
-		cmd := exec.Command(exe, os.Args[1:]...)
-		cmd.Env = append(os.Environ(), rankEnv+"="+strconv.Itoa(r), "RECAL_BENCH_PRESET="+preset,
-			"MASTER_PORT="+strconv.Itoa(port))
-		cmd.Stderr = os.Stderr
-		if r == 0 {
-			cmd.Stdout = &out
+	var sides []*side
+	defer func() {
+		for _, s := range sides {
+			s.kill()
 		}
-		if err := cmd.Start(); err != nil {
-			return err
-		}
-		cmds = append(cmds, cmd)
+	}()
+	ours, err := start("recal", append([]string{exe}, os.Args[1:]...), []string{"RECAL_BENCH_PRESET=" + preset}, []string{"grads", "views"})
+	if err != nil {
+		return err
 	}
-	for r, cmd := range cmds {
-		if err := cmd.Wait(); err != nil {
-			return fmt.Errorf("rank %d: %w", r, err)
-		}
-	}
-	var ours result
-	if err := json.Unmarshal(out.Bytes(), &ours); err != nil {
-		return fmt.Errorf("rank 0's result %q: %w", out.String(), err)
-	}
-
-	var ref *result
+	sides = append(sides, ours)
 	if *python != "" {
-		ref, err = reference(cfg)
+		dir, err := os.MkdirTemp("", "recal-bench-dist-")
 		if err != nil {
 			return err
 		}
-	}
-	mb := float64(ours.Numel) * 4 / 1e6
-	fmt.Printf("\npreset %s (vocab %d): %d parameters, %.1f MB of float32 gradient\n", preset, *vocab, ours.Numel, mb)
-	fmt.Printf("  %-44s %10s %10s %9s\n", "", "ms", "GB/s", "vs recal")
-	row := func(name string, s float64) {
-		ratio := ""
-		if name != "recal" {
-			ratio = fmt.Sprintf("%.2fx", s/ours.Recal)
+		defer os.RemoveAll(dir)
+		shapes, err := writeShapes(cfg, dir)
+		if err != nil {
+			return err
 		}
-		fmt.Printf("  %-44s %10.2f %10.2f %9s\n", name, s*1e3, mb/1e3/s, ratio)
+		_, self, _, _ := runtime.Caller(0)
+		script := filepath.Join(filepath.Dir(self), "torch_allreduce.py")
+		ref, err := start("torch.distributed", []string{*python, script, "--shapes", shapes, "--threads", strconv.Itoa(*threads),
+			"--bucket-mib", strconv.Itoa(*bucketBytes >> 20)}, nil, []string{"views", "bucketed", "flatten", "flat"})
+		if err != nil {
+			return err
+		}
+		sides = append(sides, ref)
 	}
-	row("recal", ours.Recal)
-	if ref != nil {
-		row("torch.distributed: flatten, all_reduce, copy", ref.Flatten)
-		row("torch.distributed: 25 MiB buckets, async", ref.Bucketed)
-		row("torch.distributed: one preallocated buffer", ref.Flat)
+
+	type key struct{ side, mode string }
+	var order []key
+	for _, s := range sides {
+		for _, m := range s.modes {
+			order = append(order, key{s.name, m})
+		}
+	}
+	byName := map[string]*side{}
+	for _, s := range sides {
+		byName[s.name] = s
+	}
+	times := map[key][]float64{}
+	perRoundMed := map[key][]float64{}
+	var numel int64
+	for r := 0; r <= *rounds; r++ {
+		for i := range order {
+			k := order[(i+r)%len(order)]
+			a, err := byName[k.side].run(k.mode, *perRound)
+			if err != nil {
+				return err
+			}
+			numel = a.Numel
+			if r == 0 {
+				continue
+			}
+			times[k] = append(times[k], a.Times...)
+			perRoundMed[k] = append(perRoundMed[k], median(a.Times))
+		}
+	}
+	for _, s := range sides {
+		if err := s.stop(); err != nil {
+			return err
+		}
+	}
+	sides = nil
+
+	mb := float64(numel) * 4 / 1e6
+	fmt.Printf("\npreset %s (vocab %d): %d parameters, %.1f MB of float32 gradient, %d all-reduces per mode\n",
+		preset, *vocab, numel, mb, len(times[order[0]]))
+	fmt.Printf("  %-24s %9s %17s %17s %8s\n", "", "median ms", "p25–p75 ms", "min–max ms", "GB/s")
+	for _, k := range order {
+		t := slices.Clone(times[k])
+		slices.Sort(t)
+		fmt.Printf("  %-24s %9.1f %17s %17s %8.2f\n", k.side+" "+k.mode, median(t)*1e3,
+			fmt.Sprintf("%.1f–%.1f", quantile(t, 0.25)*1e3, quantile(t, 0.75)*1e3),
+			fmt.Sprintf("%.1f–%.1f", t[0]*1e3, t[len(t)-1]*1e3), mb/1e3/median(t))
+	}
+	if *python == "" {
+		return nil
+	}
+	pairs := []struct {
+		torch, recal string
+		what         string
+	}{
+		{"views", "views", "the buckets' all-reduces alone (same work)"},
+		{"bucketed", "grads", "a step's all-reduce: DDP's reducer (copy in and back) / recal's (copy in)"},
+		{"views", "grads", "DDP with gradient_as_bucket_view / recal's step"},
+		{"flat", "views", "one buffer / recal's buckets"},
+	}
+	fmt.Printf("  ratio torch / recal (≥ 1.0×: recal as fast or faster), of medians; median of the %d per-round ratios\n", *rounds)
+	for _, p := range pairs {
+		tk, rk := key{"torch.distributed", p.torch}, key{"recal", p.recal}
+		var rr []float64
+		for i := range perRoundMed[rk] {
+			rr = append(rr, perRoundMed[tk][i]/perRoundMed[rk][i])
+		}
+		fmt.Printf("    torch %-9s / recal %-6s %6.2fx %6.2fx   %s\n", p.torch, p.recal,
+			median(times[tk])/median(times[rk]), median(rr), p.what)
 	}
 	return nil
 }
 
-// reference runs bench/dist/torch_allreduce.py on the preset's shapes.
-func reference(cfg *hfmodel.Config) (*result, error) {
+// writeShapes writes the preset's parameter shapes, in order, for the
+// Python side.
+func writeShapes(cfg *hfmodel.Config, dir string) (string, error) {
 	p, err := torchbridge.NewPolicy(cfg, torchbridge.Options{})
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	var shapes [][]int64
 	for _, pr := range p.Params() {
 		shapes = append(shapes, pr.Shape)
 	}
 	p.Close()
-	dir, err := os.MkdirTemp("", "recal-bench-dist-")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(dir)
 	sj, _ := json.Marshal(shapes)
 	path := filepath.Join(dir, "shapes.json")
-	if err := os.WriteFile(path, sj, 0o644); err != nil {
-		return nil, err
-	}
-	port, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	_, self, _, _ := runtime.Caller(0)
-	script := filepath.Join(filepath.Dir(self), "torch_allreduce.py")
-	cmd := exec.Command(*python, script, "--shapes", path, "--port", strconv.Itoa(port), "--world", strconv.Itoa(*world),
-		"--threads", strconv.Itoa(*threads), "--warmup", strconv.Itoa(*warmup), "--repeats", strconv.Itoa(*repeats),
-		"--bucket-mib", strconv.Itoa(*bucketMiB))
-	cmd.Stderr = os.Stderr
-	b, err := cmd.Output()
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", script, err)
-	}
-	var r result
-	if err := json.Unmarshal(b, &r); err != nil {
-		return nil, fmt.Errorf("%s: output %q: %w", script, b, err)
-	}
-	return &r, nil
+	return path, os.WriteFile(path, sj, 0o644)
 }
 
-// rank is one process of the recal measurement.
+func median(t []float64) float64 { return quantile(t, 0.5) }
+
+// quantile is the q-quantile of t by linear interpolation (numpy's default).
+func quantile(t []float64, q float64) float64 {
+	s := slices.Clone(t)
+	slices.Sort(s)
+	x := q * float64(len(s)-1)
+	i := int(x)
+	if i+1 >= len(s) {
+		return s[len(s)-1]
+	}
+	return s[i] + (x-float64(i))*(s[i+1]-s[i])
+}
+
+// rank is one process of the recal side: it answers commands on stdin.
 func rank(r string) error {
 	rk, err := strconv.Atoi(r)
 	if err != nil {
@@ -222,44 +364,62 @@ func rank(r string) error {
 		return err
 	}
 	g, err := torchbridge.NewProcessGroup(ctx, torchbridge.GroupOptions{
-		Rank: rk, WorldSize: *world, MasterPort: port, Timeout: time.Minute, BucketBytes: *bucketBytes})
+		Rank: rk, WorldSize: *world, MasterPort: port, Timeout: 5 * time.Minute, BucketBytes: *bucketBytes})
 	if err != nil {
 		return err
 	}
 	defer g.Close()
-	// Each all-reduce starts from fresh gradients, as after a training
-	// step's backward (outside the timer): a short supervised backward
-	// gives every parameter one, in memory of its own (not yet the
-	// buckets'), so the all-reduce copies them in.
+	// fresh gives every parameter a gradient of its own (not yet the
+	// buckets'), as after a training step's backward: a short supervised
+	// backward.
 	seq := []int32{1, 2, 3, 4, 5, 6, 7, int32(rk + 8)}
 	mask := []float32{0, 1, 1, 1, 1, 1, 1, 1}
-	var times []float64
-	for i := 0; i < *warmup+*repeats; i++ {
+	fresh := func() error {
 		if err := p.ZeroGrad(ctx); err != nil {
 			return err
 		}
-		if _, _, err := p.BackwardNLL(ctx, [][]int32{seq}, [][]float32{mask}, 1, 0); err != nil {
-			return err
-		}
-		if err := g.Barrier(ctx); err != nil {
-			return err
-		}
-		start := time.Now()
-		if err := g.AllReduceGrads(ctx, p); err != nil {
-			return err
-		}
-		if i >= *warmup {
-			times = append(times, time.Since(start).Seconds())
-		}
-	}
-	if err := g.Barrier(ctx); err != nil {
+		_, _, err := p.BackwardNLL(ctx, [][]int32{seq}, [][]float32{mask}, 1, 0)
 		return err
 	}
-	slices.Sort(times)
-	median := (times[(len(times)-1)/2] + times[len(times)/2]) / 2 // as Python's statistics.median
-	if rk == 0 {
-		b, _ := json.Marshal(result{Numel: p.NumParams(), Recal: median})
-		fmt.Println(string(b))
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		f := strings.Fields(in.Text())
+		if len(f) == 0 {
+			continue
+		}
+		if f[0] == "quit" {
+			break
+		}
+		n, err := strconv.Atoi(f[1])
+		if err != nil {
+			return err
+		}
+		var times []float64
+		for i := 0; i < n; i++ {
+			if err := fresh(); err != nil {
+				return err
+			}
+			if f[0] == "views" { // one untimed all-reduce makes the gradients the buckets' views
+				if err := g.AllReduceGrads(ctx, p); err != nil {
+					return err
+				}
+			}
+			if err := g.Barrier(ctx); err != nil {
+				return err
+			}
+			start := time.Now()
+			if err := g.AllReduceGrads(ctx, p); err != nil {
+				return err
+			}
+			times = append(times, time.Since(start).Seconds())
+		}
+		if rk == 0 {
+			b, _ := json.Marshal(answer{Numel: p.NumParams(), Times: times})
+			fmt.Println(string(b))
+		}
 	}
-	return nil
+	if err := in.Err(); err != nil {
+		return err
+	}
+	return g.Barrier(ctx)
 }
