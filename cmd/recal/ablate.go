@@ -321,7 +321,8 @@ func ablationEval(ctx context.Context, vc config.Config, dir, split string, qs [
 }
 
 // trainedAs checks that the run in dir was trained with cfg, up to the
-// number of steps (a longer run continues it), the [eval], [serve],
+// number of steps under a constant learning rate (a longer run continues
+// it), the [eval], [serve],
 // [embedding] and [baselines] tables and where the policy runs
 // (policy.device, policy.threads): a table must not name one configuration
 // and report another's policy. Any
@@ -336,7 +337,13 @@ func trainedAs(dir string, cfg config.Config) error {
 	if err != nil {
 		return fmt.Errorf("ablate: %w", err)
 	}
-	was.Train.Steps, was.Eval, was.Serve = cfg.Train.Steps, cfg.Eval, cfg.Serve
+	if cfg.Train.LRSchedule == "constant" {
+		// More steps continue the run as a longer one would have run. Under
+		// a decaying schedule every step's learning rate depends on
+		// train.steps, so a changed count is refused like other keys.
+		was.Train.Steps = cfg.Train.Steps
+	}
+	was.Eval, was.Serve = cfg.Eval, cfg.Serve
 	was.Embedding, was.Baselines = cfg.Embedding, cfg.Baselines // read by the baseline routers only
 	was.Policy.Device, was.Policy.Threads = cfg.Policy.Device, cfg.Policy.Threads
 	diff, err := config.Diff(was, cfg)

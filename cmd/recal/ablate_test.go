@@ -62,6 +62,23 @@ func TestAblateReusesOnlyItsOwnRun(t *testing.T) {
 		{"other learning rate", edit(func(c *config.Config) { c.Train.LR = 1 }), "300", "train.lr", false},
 		{"past the final step", edit(func(c *config.Config) { c.Train.Steps = 200 }), "300", "past train.steps", false},
 	}
+	// Under a decaying schedule train.steps sets every step's learning
+	// rate: more steps do not continue a finished run.
+	t.Run("more steps under a cosine schedule", func(t *testing.T) {
+		cos := edit(func(c *config.Config) { c.Train.LRSchedule = "cosine" })
+		d := t.TempDir()
+		if err := cos.Write(filepath.Join(d, "config.toml")); err != nil {
+			t.Fatal(err)
+		}
+		if err := trainedAs(d, cos); err != nil {
+			t.Fatalf("same config: %v", err)
+		}
+		longer := cos
+		longer.Train.Steps = 400
+		if err := trainedAs(d, longer); err == nil || !strings.Contains(err.Error(), "train.steps") {
+			t.Fatalf("error %v, want one naming train.steps", err)
+		}
+	})
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			state(c.step)
