@@ -100,6 +100,13 @@ type Train struct {
 	KLCoef float64 `toml:"kl_coef"`
 	// EntropyCoef weighs an entropy bonus (0 = none).
 	EntropyCoef float64 `toml:"entropy_coef"`
+	// NoRepeatNGram is router.no_repeat_ngram for the training rollouts
+	// (0 = off); router.no_repeat_ngram itself applies to validation,
+	// evaluation and serving. They differ in the offline default: a policy
+	// trained with the ban leaned on it (its derailed copies looped in
+	// triples, "talk talk talk", which a 3-gram ban allows) and was
+	// well-formed less often at evaluation than one trained without it.
+	NoRepeatNGram int `toml:"no_repeat_ngram"`
 	// EMADecay is α of the load-balance reward's routing counts.
 	EMADecay float64 `toml:"ema_decay"`
 	// CheckpointEvery saves checkpoints/step-N every this many steps (and at
@@ -393,6 +400,7 @@ func (c *Config) Validate() error {
 		{t.GroupSize < 1 || t.GroupSize < 2 && t.Algorithm != "ppo", fmt.Sprintf("train.group_size = %d: GRPO needs at least 2 responses per question (PPO at least 1)", t.GroupSize)},
 		{t.MiniBatches < 1 || t.MiniBatches > t.BatchSize*t.GroupSize, fmt.Sprintf("train.mini_batches = %d: must be in [1, batch_size·group_size]", t.MiniBatches)},
 		{t.MicroBatch < 1, fmt.Sprintf("train.micro_batch = %d: must be ≥ 1", t.MicroBatch)},
+		{t.NoRepeatNGram < 0 || t.NoRepeatNGram == 1, fmt.Sprintf("train.no_repeat_ngram = %d: must be 0 (off) or ≥ 2", t.NoRepeatNGram)},
 		{t.Temperature < 0, fmt.Sprintf("train.temperature = %g: must be ≥ 0", t.Temperature)},
 		{t.TopP <= 0 || t.TopP > 1, fmt.Sprintf("train.top_p = %g: must be in (0, 1]", t.TopP)},
 		{t.LR <= 0, fmt.Sprintf("train.lr = %g: must be > 0", t.LR)},

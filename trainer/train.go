@@ -157,6 +157,7 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 	j := &job{cfg: cfg, r: r, algo: algo, env: env, eng: eng, st: &st, sampler: sampler, run: run, log: log,
 		adam:     algo.adamW(torchbridge.AdamW{LR: tc.LR, Beta1: tc.Beta1, Beta2: tc.Beta2, Eps: tc.AdamEps, WeightDecay: tc.WeightDecay, MaxGradNorm: tc.MaxGradNorm}),
 		sampling: generate.Sampling{Temperature: tc.Temperature, TopP: tc.TopP}, best: plan.best}
+	j.rollEnv = rolloutEnv(env, tc)
 
 	// Stage 1: supervised warm-up on format demonstrations.
 	if cfg.SFT.Steps > 0 && !st.SFTDone {
@@ -291,6 +292,7 @@ type job struct {
 	r        ranks
 	algo     algorithm
 	env      *Env
+	rollEnv  *Env // env with train.no_repeat_ngram: the GRPO rollouts' protocol
 	eng      *Engine
 	ref      *torchbridge.Policy // the KL reference (nil without one)
 	st       *State
@@ -300,6 +302,18 @@ type job struct {
 	adam     torchbridge.AdamW // at train.lr; each step scales it (scaleLR)
 	sampling generate.Sampling
 	best     bestCheckpoint // the best validation so far (train.keep_best)
+}
+
+// rolloutEnv is env for the GRPO rollouts: the same prompt and protocol
+// but train.no_repeat_ngram in place of router.no_repeat_ngram, which
+// validation (and evaluation, serving) keep.
+func rolloutEnv(env *Env, tc config.Train) *Env {
+	if env.Router.NoRepeatNGram == tc.NoRepeatNGram {
+		return env
+	}
+	rc := env.Router
+	rc.NoRepeatNGram = tc.NoRepeatNGram
+	return env.WithPrompt(env.Prompt, rc)
 }
 
 // stepResult is what a GRPO step leaves for the log.
@@ -328,7 +342,7 @@ func (j *job) step(ctx context.Context) (*stepResult, error) {
 	// 2. G rollouts per question (blocking: decoding on the torch thread,
 	// pool calls fanned out concurrently meanwhile). Rows sample as the
 	// same global rows of one process would.
-	local, rstats, err := env.RollRows(ctx, qs[qlo:qhi], tc.GroupSize, j.sampling, stepSeed(tc.Seed, step), true, lo)
+	local, rstats, err := j.rollEnv.RollRows(ctx, qs[qlo:qhi], tc.GroupSize, j.sampling, stepSeed(tc.Seed, step), true, lo)
 	interrupted := false
 	if err != nil {
 		if ctx.Err() == nil {
