@@ -28,16 +28,9 @@ type Curves struct {
 // maximum. Steps some seed lacks are left out. It writes AblationFigure as
 // PNG and SVG into outDir and returns the two paths.
 func (o Options) Ablation(curves []Curves, outDir string) ([]string, error) {
-	window := o.Window
-	switch {
-	case window < 0:
-		return nil, fmt.Errorf("plot: window %d: must be ≥ 0", window)
-	case window == 0:
-		window = DefaultWindow
-	}
-	log := o.Logger
-	if log == nil {
-		log = slog.Default()
+	window, log, err := o.settings()
+	if err != nil {
+		return nil, err
 	}
 	seeds := 0
 	fig := &figure{name: AblationFigure, xLabel: "training step", yLabel: "answer reward"}

@@ -37,20 +37,30 @@ func Render(runDir, outDir string) ([]string, error) {
 	return Options{}.Render(runDir, outDir)
 }
 
-// Render is the package-level Render with the options of o. The paths come
-// in figure order (rewards, calls, model_share, entropy, kl, validation_f1),
-// each .png before its .svg; a figure with no data is left out.
-func (o Options) Render(runDir, outDir string) ([]string, error) {
+// settings resolves o's defaults: the smoothing window (DefaultWindow for
+// 0; negative is an error) and the logger (slog's default for nil).
+func (o Options) settings() (int, *slog.Logger, error) {
 	window := o.Window
 	switch {
 	case window < 0:
-		return nil, fmt.Errorf("plot: window %d: must be ≥ 0", window)
+		return 0, nil, fmt.Errorf("plot: window %d: must be ≥ 0", window)
 	case window == 0:
 		window = DefaultWindow
 	}
 	log := o.Logger
 	if log == nil {
 		log = slog.Default()
+	}
+	return window, log, nil
+}
+
+// Render is the package-level Render with the options of o. The paths come
+// in figure order (rewards, calls, model_share, entropy, kl, validation_f1),
+// each .png before its .svg; a figure with no data is left out.
+func (o Options) Render(runDir, outDir string) ([]string, error) {
+	window, log, err := o.settings()
+	if err != nil {
+		return nil, err
 	}
 
 	metrics, err := readMetrics(filepath.Join(runDir, MetricsFile), log)
