@@ -26,23 +26,38 @@ TORCH_LDFLAGS += -Wl,--no-as-needed -ltorch_cuda -lc10_cuda -Wl,--as-needed
 endif
 endif
 
-# The distributed bridge (cgo/recal_dist.cc) runs on c10d's Gloo (Debian:
-# libgloo-dev, which `make deps` installs) and, in CUDA builds, on NCCL too
-# for GPU gradients. c10d's NCCL header needs CUDA's and NCCL's headers,
-# which libtorch does not ship: CUDA_INC gives their -I flags (e.g.
-# CUDA_INC="-I$$CUDA_HOME/include"). Where they are not found, the bridge
-# builds with Gloo alone and refuses the "nccl" backend at run time.
+# The distributed bridge (cgo/recal_dist.cc) runs on c10d's Gloo and, in
+# CUDA builds, on NCCL too for GPU gradients. libtorch has Gloo compiled in,
+# but c10d's Gloo header needs Gloo's own headers, which libtorch archives and
+# pip wheels do not ship: Debian's libgloo-dev (which `make deps` installs)
+# puts them in /usr/include, and GLOO_INC gives -I flags for another folder
+# holding gloo/ (Debian's headers suit a newer libtorch too: c10d's header
+# uses Gloo's types only through pointers). Without them the bridge builds
+# without a process group: one process runs as usual, and a job of several
+# (--nproc, torchrun, Slurm) fails at its start, saying so.
+# c10d's NCCL header needs CUDA's and NCCL's headers, which libtorch does not
+# ship either: CUDA_INC gives their -I flags (e.g. CUDA_INC="-I$$CUDA_HOME/include",
+# or the include/ folders of a pip install's nvidia-* packages). Where they are
+# not found, the bridge builds with Gloo alone and refuses the "nccl" backend
+# at run time.
+GLOO_INC ?=
 CUDA_INC ?=
-DIST_DEFS := -DUSE_C10D_GLOO
+DIST_DEFS :=
+ifeq ($(shell printf '\043include <gloo/config.h>\n' | $(CXX) $(TORCH_INC) $(GLOO_INC) -x c++ -E - >/dev/null 2>&1 && echo ok),ok)
+DIST_DEFS += -DUSE_C10D_GLOO $(GLOO_INC)
 ifneq ($(strip $(LIBTORCH)),)
 ifneq ($(wildcard $(LIBTORCH)/lib/libtorch_cuda.so),)
-ifeq ($(shell printf '\043include <nccl.h>\n\043include <cuda_runtime_api.h>\n' | $(CXX) $(TORCH_INC) $(CUDA_INC) -x c++ -E - >/dev/null 2>&1 && echo ok),ok)
+ifeq ($(shell printf '\043include <nccl.h>\n\043include <ATen/cuda/CUDAContext.h>\n' | $(CXX) $(TORCH_INC) $(CUDA_INC) -x c++ -E - >/dev/null 2>&1 && echo ok),ok)
 DIST_DEFS += -DUSE_C10D_NCCL $(CUDA_INC)
 endif
 endif
 endif
+endif
 
-CXXFLAGS_BRIDGE := -std=c++17 -O2 -fPIC -Wall -Wno-unused-variable -D_GLIBCXX_USE_CXX11_ABI=$(TORCH_CXX11_ABI) $(TORCH_INC)
+# The C++ standard: libtorch up to 2.12 builds with C++17 (Debian's 1.13
+# needs it); later ones require C++20 (CXX_STD=c++20).
+CXX_STD ?= c++17
+CXXFLAGS_BRIDGE := -std=$(CXX_STD) -O2 -fPIC -Wall -Wno-unused-variable -D_GLIBCXX_USE_CXX11_ABI=$(TORCH_CXX11_ABI) $(TORCH_INC)
 LIB := build/librecal.a
 # The offline default's starting point: a tiny random policy.
 INIT := runs/init/tiny/model.safetensors

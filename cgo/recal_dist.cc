@@ -16,11 +16,13 @@
 
 #include "recal_internal.h"
 
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef USE_C10D_GLOO
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #ifdef USE_C10D_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 #endif
 
 #include <chrono>
@@ -32,6 +34,8 @@
 
 using recal::fail;
 using recal::guarded;
+
+#ifdef USE_C10D_GLOO
 
 struct rc_dist {
   int rank = 0, size = 1;
@@ -352,6 +356,69 @@ int rc_dist_broadcast(rc_dist* d, int32_t root, const void* data, int64_t len, v
   });
 }
 
+int rc_dist_barrier(rc_dist* d, char** err) {
+  return guarded(err, [&] {
+    collective(d, "barrier", [&] {
+      c10d::BarrierOptions o;
+      o.timeout = d->timeout;
+      wait(d, d->gloo->barrier(o));
+    });
+  });
+}
+
+}  // extern "C"
+
+#else  // !USE_C10D_GLOO
+
+// Without Gloo's headers (libtorch archives and pip wheels ship none; see
+// GLOO_INC in the Makefile) the bridge has no process group: a job of one
+// process needs none, and every rc_dist call says why there is none.
+struct rc_dist {};
+
+namespace {
+[[noreturn]] void no_gloo() {
+  fail("process group: this build has no Gloo (its headers were not found when it was built: see GLOO_INC in the Makefile), so it runs one process only");
+}
+}  // namespace
+
+extern "C" {
+
+int rc_dist_new(const rc_dist_opts*, rc_dist** out, char** err) {
+  return guarded(err, [&] {
+    *out = nullptr;
+    no_gloo();
+  });
+}
+
+void rc_dist_free(rc_dist* d) { delete d; }
+
+int rc_dist_allreduce_grads(rc_dist*, rc_policy*, char** err) { return guarded(err, [&] { no_gloo(); }); }
+
+int rc_dist_allgather(rc_dist*, const void*, int64_t, void** out, int64_t*, char** err) {
+  return guarded(err, [&] {
+    *out = nullptr;
+    no_gloo();
+  });
+}
+
+int rc_dist_broadcast(rc_dist*, int32_t, const void*, int64_t, void** out, int64_t* out_len, char** err) {
+  return guarded(err, [&] {
+    *out = nullptr;
+    *out_len = 0;
+    no_gloo();
+  });
+}
+
+int rc_dist_barrier(rc_dist*, char** err) { return guarded(err, [&] { no_gloo(); }); }
+
+}  // extern "C"
+
+#endif  // USE_C10D_GLOO
+
+// The rendezvous store alone (rc_store_serve, for launchers and tests that
+// play torchrun's agent) needs no Gloo.
+extern "C" {
+
 struct rc_store {
   c10::intrusive_ptr<c10d::TCPStore> store;
 };
@@ -364,7 +431,7 @@ int rc_store_serve(int32_t port, double timeout_s, rc_store** out, int32_t* out_
     so.port = (uint16_t)port;
     so.isServer = true;
     so.waitWorkers = false;  // the workers wait for one another (their joined/ keys)
-    so.numWorkers = c10::nullopt;
+    so.numWorkers.reset();  // c10::optional (libtorch 1.x) or std::optional (2.x)
     if (timeout_s > 0) so.timeout = std::chrono::milliseconds((int64_t)(timeout_s * 1000.0));
     auto s = std::make_unique<rc_store>();
     try {
@@ -382,16 +449,6 @@ void rc_store_free(rc_store* s) {
     delete s;
   } catch (...) {
   }
-}
-
-int rc_dist_barrier(rc_dist* d, char** err) {
-  return guarded(err, [&] {
-    collective(d, "barrier", [&] {
-      c10d::BarrierOptions o;
-      o.timeout = d->timeout;
-      wait(d, d->gloo->barrier(o));
-    });
-  });
 }
 
 }  // extern "C"

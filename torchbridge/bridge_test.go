@@ -23,7 +23,13 @@ func tinyConfig(vocab int64, tied bool) *hfmodel.Config {
 
 func newTiny(t *testing.T, vocab int64, tied bool, seed uint64) *torchbridge.Policy {
 	t.Helper()
-	p, err := torchbridge.NewPolicy(tinyConfig(vocab, tied), torchbridge.Options{})
+	return newTinyOn(t, "", vocab, tied, seed)
+}
+
+// newTinyOn is newTiny on a given device ("": the tests' device, onDevice).
+func newTinyOn(t *testing.T, device string, vocab int64, tied bool, seed uint64) *torchbridge.Policy {
+	t.Helper()
+	p, err := torchbridge.NewPolicy(tinyConfig(vocab, tied), onDevice(torchbridge.Options{Device: device}))
 	if err != nil {
 		t.Fatalf("NewPolicy: %v", err)
 	}

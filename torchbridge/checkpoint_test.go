@@ -68,7 +68,7 @@ func TestSaveLoadRoundTrip(t *testing.T) {
 	for _, tied := range []bool{true, false} {
 		dir, p := savedTiny(t, tied)
 		want := scoreOf(t, p)
-		q, err := torchbridge.LoadPolicy(dir, torchbridge.Options{})
+		q, err := torchbridge.LoadPolicy(dir, onDevice(torchbridge.Options{}))
 		if err != nil {
 			t.Fatalf("tied=%v: LoadPolicy: %v", tied, err)
 		}
@@ -101,7 +101,7 @@ func TestDTypes(t *testing.T) {
 		}
 		return specs, data
 	})
-	q, err := torchbridge.LoadPolicy(dir, torchbridge.Options{})
+	q, err := torchbridge.LoadPolicy(dir, onDevice(torchbridge.Options{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +112,7 @@ func TestDTypes(t *testing.T) {
 			t.Fatalf("token %d: BF16-loaded log-prob %v, F32 %v: conversion is wrong", i, got[i], want[i])
 		}
 	}
-	b, err := torchbridge.LoadPolicy(dir, torchbridge.Options{DType: "bfloat16"})
+	b, err := torchbridge.LoadPolicy(dir, onDevice(torchbridge.Options{DType: "bfloat16"}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +185,7 @@ func TestShardedCheckpoint(t *testing.T) {
 	os.Remove(filepath.Join(dir, "model.safetensors"))
 	ib, _ := json.Marshal(map[string]any{"metadata": map[string]any{}, "weight_map": index})
 	os.WriteFile(filepath.Join(dir, "model.safetensors.index.json"), ib, 0o644)
-	q, err := torchbridge.LoadPolicy(dir, torchbridge.Options{})
+	q, err := torchbridge.LoadPolicy(dir, onDevice(torchbridge.Options{}))
 	if err != nil {
 		t.Fatalf("sharded load: %v", err)
 	}
@@ -277,7 +277,7 @@ func TestBadCheckpoints(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			dir, _ := savedTiny(t, false)
 			c.break_(t, dir)
-			p, err := torchbridge.LoadPolicy(dir, torchbridge.Options{})
+			p, err := torchbridge.LoadPolicy(dir, onDevice(torchbridge.Options{}))
 			if err == nil {
 				p.Close()
 				t.Fatalf("LoadPolicy succeeded on a broken checkpoint; want an error mentioning %q", c.want)

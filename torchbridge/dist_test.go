@@ -385,7 +385,7 @@ func helperTwoPolicies(t *testing.T, ctx context.Context, g *torchbridge.Process
 	}
 	var pols []*torchbridge.Policy
 	for i := 0; i < 2; i++ {
-		p := newTiny(t, 64, true, 5)
+		p := newTinyOn(t, "cpu", 64, true, 5) // the ranks share the machine (and Gloo runs on the CPU)
 		seq := []int32{1, 2, 3, 4, 5, int32(10 + 7*i + g.Rank())}
 		if _, _, err := p.BackwardNLL(ctx, [][]int32{seq}, [][]float32{{0, 1, 1, 1, 1, 1}}, 1, 0); err != nil {
 			t.Fatal(err)
@@ -431,7 +431,7 @@ func helperDeadPeer(t *testing.T, ctx context.Context, g *torchbridge.ProcessGro
 	if took > 5*time.Second+2*time.Second {
 		t.Fatalf("the error took %v, more than the group's 5 s timeout", took)
 	}
-	p := newTiny(t, 64, true, 1)
+	p := newTinyOn(t, "cpu", 64, true, 1)
 	err = g.AllReduceGrads(ctx, p)
 	if err == nil || !strings.Contains(err.Error(), "the group failed earlier: allgather") {
 		t.Fatalf("all-reduce after the failure: %v, want the earlier failure", err)
@@ -465,7 +465,7 @@ func TestProcessGroupOneProcess(t *testing.T) {
 	if err := g.Barrier(ctx); err != nil {
 		t.Fatal(err)
 	}
-	p := newTiny(t, 64, true, 3)
+	p := newTinyOn(t, "cpu", 64, true, 3) // Gloo's gradients are on the CPU (TestDeviceNCCLOneRank: NCCL's)
 	if _, _, err := p.BackwardNLL(ctx, [][]int32{{1, 2, 3, 4}}, [][]float32{{0, 1, 1, 1}}, 1, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -543,7 +543,7 @@ func TestLogpIndependentOfBatching(t *testing.T) {
 	ctx := context.Background()
 	cfg := tinyConfig(4032, true)
 	cfg.HiddenSize, cfg.IntermediateSize, cfg.NumAttentionHeads, cfg.NumKeyValueHeads = 128, 384, 4, 2
-	p, err := torchbridge.NewPolicy(cfg, torchbridge.Options{})
+	p, err := torchbridge.NewPolicy(cfg, onDevice(torchbridge.Options{}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -139,7 +139,7 @@ func goldenPolicy(t *testing.T, g *golden, ci int) *torchbridge.Policy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := torchbridge.NewPolicy(cfg, torchbridge.Options{})
+	p, err := torchbridge.NewPolicy(cfg, onDevice(torchbridge.Options{}))
 	if err != nil {
 		t.Fatal(err)
 	}

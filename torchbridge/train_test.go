@@ -14,7 +14,7 @@ import (
 // newTinyDType is newTiny in a given dtype.
 func newTinyDType(t *testing.T, dtype string, vocab int64, tied bool, seed uint64) *torchbridge.Policy {
 	t.Helper()
-	p, err := torchbridge.NewPolicy(tinyConfig(vocab, tied), torchbridge.Options{DType: dtype})
+	p, err := torchbridge.NewPolicy(tinyConfig(vocab, tied), onDevice(torchbridge.Options{DType: dtype}))
 	if err != nil {
 		t.Fatalf("NewPolicy: %v", err)
 	}
@@ -188,7 +188,7 @@ func TestResetOptimizer(t *testing.T) {
 	if err := reset.Save(dir); err != nil {
 		t.Fatal(err)
 	}
-	fresh, err := torchbridge.LoadPolicy(dir, torchbridge.Options{})
+	fresh, err := torchbridge.LoadPolicy(dir, onDevice(torchbridge.Options{}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -314,7 +314,7 @@ func TestValueHeadCheckpoint(t *testing.T) {
 	}
 	w.Close()
 
-	q, err := torchbridge.LoadPolicy(dir, torchbridge.Options{}) // a plain Hugging Face load
+	q, err := torchbridge.LoadPolicy(dir, onDevice(torchbridge.Options{})) // a plain Hugging Face load
 	if err != nil {
 		t.Fatal(err)
 	}

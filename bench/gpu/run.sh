@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# run.sh — recal's CUDA path on a GPU machine that has python3 with a CUDA
+# pip torch (its torch/ folder is the libtorch) but no Go: bench/gpu/bundle.sh
+# made .gpu/ (a trimmed Go toolchain, the vendored modules, Gloo's headers)
+# on a machine with Go, and .gpu travels beside the working tree. Run from the
+# repository's root, naming the stages to run, in this order:
+#
+#   setup   unpack Go and the modules, print the machine (GPU, compilers, torch)
+#   build   make build against the pip torch, with NCCL (CUDA_INC: the CUDA
+#           toolkit's and the nvidia-* packages' headers) and Gloo (GLOO_INC);
+#           falls back to Gloo alone, then to no process group
+#   test    go test ./torchbridge/ with RECAL_TEST_DEVICE=cuda
+#   train   recal policy init (make's $(INIT)), then recal train of recal.toml
+#           with SFT_STEPS and GRPO_STEPS, on cuda and on cpu (CPU_THREADS)
+#   eval    recal eval of the cuda run's checkpoint (EVAL_N questions per
+#           dataset, --split id, the policy router), on cuda and on cpu
+#   serve   recal serve of that checkpoint, on cuda and on cpu: serve_probe.py
+#   small   the small preset: policy init, then a short train on cuda and cpu
+#   bf16    a short train on cuda in bfloat16
+#
+# Given .gpu/src.tar.xz, it runs in a copy of that tree at /tmp/recal-src.
+# Without build, bin/recal must be there (from an earlier build: .gpu/recal,
+# copied to bin/). Everything goes to $OUT (default /tmp/gpu-out): log (this
+# script's output), logs.tgz (every command's output), runs.tgz (the runs'
+# jsonl and config files), and with train ckpt-cuda.tgz (the cuda run's last
+# checkpoint, for eval and serve in a later call) and recal.xz.* (the binary).
+#
+#   OUT=/tmp/o bench/gpu/run.sh setup build test train 2>&1 | tee /tmp/o/log
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+# The committed tree that bundle.sh packed, when there is one (see bundle.sh).
+if [ -f .gpu/src.tar.xz ] && [ "$PWD" != /tmp/recal-src ]; then
+  rm -rf /tmp/recal-src && mkdir -p /tmp/recal-src && tar -C /tmp/recal-src -xJf .gpu/src.tar.xz &&
+    cp -r .gpu /tmp/recal-src/ && cd /tmp/recal-src || exit 1
+  echo "running commit $(cat .gpu/src.commit) in $PWD"
+fi
+OUT=${OUT:-/tmp/gpu-out}
+LOGS=/tmp/gpu-logs
+mkdir -p "$OUT" "$LOGS"
+SFT_STEPS=${SFT_STEPS:-50}
+GRPO_STEPS=${GRPO_STEPS:-10}
+CPU_THREADS=${CPU_THREADS:-$(nproc)}
+EVAL_N=${EVAL_N:-100}
+T0=$SECONDS
+say() { echo "[$((SECONDS - T0))s] $*"; }
+stages=" $* "
+has() { [[ "$stages" == *" $1 "* ]]; }
+# run NAME TIMEOUT CMD...: runs CMD with its output in $LOGS/NAME.log, timed.
+run() {
+  local name=$1 limit=$2 t=$SECONDS rc
+  shift 2
+  say "$name: $*"
+  {
+    echo "time=$(date -u +%Y-%m-%dT%H:%M:%S.%3NZ) msg=run-start" # summary.py's origin
+    timeout "$limit" "$@"
+  } >"$LOGS/$name.log" 2>&1
+  rc=$?
+  say "$name: exit $rc after $((SECONDS - t)) s"
+  [ $rc -eq 0 ] || tail -25 "$LOGS/$name.log"
+  return $rc
+}
+finish() {
+  tar -C "$LOGS" -czf "$OUT/logs.tgz" . 2>/dev/null
+  tar -czf "$OUT/runs.tgz" $(ls -d runs/gpu-*/*.jsonl runs/gpu-*/config.toml runs/eval-gpu-*/table.* 2>/dev/null) 2>/dev/null
+  say "done"
+}
+trap finish EXIT
+
+export GOROOT=/tmp/go PATH=/tmp/go/bin:$PATH GOTOOLCHAIN=local GOFLAGS="-mod=vendor -buildvcs=false" \
+  GOCACHE=/tmp/gocache GOPATH=/tmp/gopath
+TORCH=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__))')
+SITE=$(dirname "$TORCH")
+
+if has setup; then
+  mkdir -p /tmp/go && tar -C /tmp/go -xJf .gpu/go.tar.xz && rm -rf vendor && tar -xJf .gpu/vendor.tar.xz || exit 1
+  say "setup: $(go version)"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  echo "cores $(nproc); $(g++ --version | head -1); $(python3 -c 'import torch;print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())')"
+  echo "torch at $TORCH; nvidia include folders: $(ls -d "$SITE"/nvidia/*/include 2>/dev/null | tr '\n' ' ')"
+  ls -d /usr/local/cuda/include 2>/dev/null
+  for h in nccl.h cuda_runtime_api.h cublas_v2.h cusparse.h cusolverDn.h; do
+    echo "$h: $(ls /usr/local/cuda/include/$h "$SITE"/nvidia/*/include/$h 2>/dev/null | tr '\n' ' ')"
+  done
+fi
+
+if has build; then
+  CUDA_INC=""
+  [ -d /usr/local/cuda/include ] && CUDA_INC="-I/usr/local/cuda/include"
+  for d in "$SITE"/nvidia/*/include; do [ -d "$d" ] && CUDA_INC="$CUDA_INC -I$d"; done
+  GLOO_INC="-I$PWD/.gpu/gloo-include"
+  rm -rf build bin/recal
+  built=""
+  for try in "nccl+gloo|$GLOO_INC|$CUDA_INC" "gloo|$GLOO_INC|" "none||"; do
+    IFS='|' read -r what gi ci <<<"$try"
+    rm -f build/recal_dist.o build/librecal.a
+    if run "build-$what" 480 make -o deps -j4 build LIBTORCH="$TORCH" GLOO_INC="$gi" CUDA_INC="$ci"; then
+      built=$what
+      break
+    fi
+    [ -f build/recal.o ] || break # recal.cc itself failed: no fallback helps
+  done
+  [ -n "$built" ] || exit 1
+  grep -o -- '-DUSE_C10D_[A-Z]*' "$LOGS/build-$built.log" | sort -u | tr '\n' ' '
+  say "build: $built; bin/recal $(stat -c %s bin/recal) bytes"
+  ldd bin/recal | grep -E 'torch|c10|cuda|nccl' | sed 's/ (0x.*//'
+  mkdir -p .gpu && cp bin/recal .gpu/recal
+fi
+[ -x bin/recal ] || { [ -x .gpu/recal ] && mkdir -p bin && cp .gpu/recal bin/recal; }
+[ -x bin/recal ] || { say "no bin/recal"; exit 1; }
+
+if has test; then
+  export CGO_CFLAGS="-O2 -DRECAL_LIB=$(sha1sum build/librecal.a | cut -c1-16)"
+  export CGO_LDFLAGS="-L$TORCH/lib -Wl,-rpath,$TORCH/lib -Wl,--no-as-needed -ltorch_cuda -lc10_cuda -Wl,--as-needed"
+  RECAL_TEST_DEVICE=cuda run test-cuda 300 go test -count=1 -timeout 280s -v ./torchbridge/
+  grep -E '^(--- |ok|FAIL|PASS)|device_test.go' "$LOGS/test-cuda.log" | grep -v -- '--- PASS: .*/' | head -80
+fi
+
+INITFLAGS="--tokenizer tokenizer/qwen2.5 --seed 0 --trim-corpus data/qa --trim-corpus router --trim-corpus recal.toml --trim-vocab 4000 --copy-circuit"
+# train DEV NAME EXTRA...: recal train of recal.toml on DEV into runs/gpu-NAME.
+train() {
+  local dev=$1 name=$2
+  shift 2
+  local extra=(--set policy.device="$dev")
+  [ "$dev" = cpu ] && extra+=(--set policy.threads="$CPU_THREADS")
+  rm -rf "runs/gpu-$name"
+  run "train-$name" 420 ./bin/recal train --config recal.toml --run-dir "runs/gpu-$name" \
+    --set sft.steps="$SFT_STEPS" --set train.steps="$GRPO_STEPS" --set train.warmup_steps=0 "${extra[@]}" "$@"
+  python3 bench/gpu/summary.py "runs/gpu-$name" "$LOGS/train-$name.log"
+}
+
+if has train; then
+  run init-tiny 120 ./bin/recal policy init --preset tiny --out runs/init/tiny $INITFLAGS
+  train cuda cuda
+  train cpu cpu
+  if [ -d runs/gpu-cuda/checkpoints/last ]; then
+    tar -C runs/gpu-cuda/checkpoints -chzf "$OUT/ckpt-cuda.tgz" --exclude=optimizer.safetensors last
+  fi
+  xz -T0 -6 -c bin/recal | split -b 15M - "$OUT/recal.xz."
+fi
+
+if has eval; then
+  if [ ! -d runs/gpu-cuda/checkpoints/last ] && [ -f .gpu/ckpt-cuda.tgz ]; then
+    mkdir -p runs/gpu-cuda/checkpoints && tar -C runs/gpu-cuda/checkpoints -xzf .gpu/ckpt-cuda.tgz
+  fi
+  for dev in cuda cpu; do
+    extra=(--set policy.device="$dev")
+    [ "$dev" = cpu ] && extra+=(--set policy.threads="$CPU_THREADS")
+    rm -rf "runs/eval-gpu-$dev"
+    t=$SECONDS
+    run "eval-$dev" 300 ./bin/recal eval --config recal.toml --checkpoint runs/gpu-cuda/checkpoints/last --split id \
+      --routers policy --set data.test_per_dataset="$EVAL_N" --out "runs/eval-gpu-$dev" "${extra[@]}"
+    say "eval-$dev: $((2 * EVAL_N)) questions in $((SECONDS - t)) s (loading included)"
+    cat "runs/eval-gpu-$dev/table.md" 2>/dev/null
+  done
+fi
+
+if has serve; then
+  for dev in cuda cpu; do
+    extra=(--set policy.device="$dev")
+    [ "$dev" = cpu ] && extra+=(--set policy.threads="$CPU_THREADS")
+    run "serve-$dev" 240 python3 bench/gpu/serve_probe.py --label "$dev" --sequential 8 --clients 32 --requests 4 -- \
+      ./bin/recal serve --config recal.toml --checkpoint runs/gpu-cuda/checkpoints/last --addr 127.0.0.1:0 "${extra[@]}"
+    grep '^{' "$LOGS/serve-$dev.log"
+  done
+fi
+
+if has small; then
+  run init-small 120 ./bin/recal policy init --preset small --out runs/init/small $INITFLAGS
+  SFT_STEPS=${SMALL_SFT_STEPS:-30} GRPO_STEPS=${SMALL_GRPO_STEPS:-5} train cuda small-cuda --set policy.checkpoint=runs/init/small
+  SFT_STEPS=${SMALL_SFT_STEPS:-30} GRPO_STEPS=${SMALL_GRPO_STEPS:-5} train cpu small-cpu --set policy.checkpoint=runs/init/small
+fi
+
+if has bf16; then
+  train cuda cuda-bf16 --set policy.dtype=bfloat16
+fi
