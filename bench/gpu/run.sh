@@ -45,10 +45,19 @@ T0=$SECONDS
 say() { echo "[$((SECONDS - T0))s] $*"; }
 stages=" $* "
 has() { [[ "$stages" == *" $1 "* ]]; }
+# Every command ends by DEADLINE seconds after the start (the device tool's
+# limit on one call is 600 s); what has no time left is skipped.
+DEADLINE=${DEADLINE:-570}
 # run NAME TIMEOUT CMD...: runs CMD with its output in $LOGS/NAME.log, timed.
 run() {
-  local name=$1 limit=$2 t=$SECONDS rc
+  local name=$1 limit=$2 t=$SECONDS rc left
   shift 2
+  left=$((DEADLINE - (SECONDS - T0)))
+  [ "$left" -lt "$limit" ] && limit=$left
+  if [ "$limit" -lt 10 ]; then
+    say "$name: skipped, no time left"
+    return 124
+  fi
   say "$name: $*"
   {
     echo "time=$(date -u +%Y-%m-%dT%H:%M:%S.%3NZ) msg=run-start" # summary.py's origin
