@@ -138,6 +138,7 @@ func Run(ctx context.Context, s Setup, qs []data.Example, routers []string, outD
 			row.Avg.F1 += sc.F1 / float64(len(t.Datasets))
 			row.Avg.Calls += sc.Calls / float64(len(t.Datasets))
 			row.Avg.WellFormed += sc.WellFormed / float64(len(t.Datasets))
+			row.Avg.F1WellFormed += sc.F1WellFormed / float64(len(t.Datasets))
 			row.Avg.Cost += sc.Cost
 			row.Avg.N += sc.N
 		}

@@ -42,18 +42,33 @@ func newBestRun(t *testing.T, eng *Engine, cfg config.Config, plan runPlan) *bes
 	return &bestRun{t: t, cfg: cfg, eng: eng, r: r, sampler: sampler, best: plan.best}
 }
 
+// validation is a validation of mean F1 f1 whose responses are all well
+// formed.
 func validation(step int, f1 float64) ValidationResult {
-	return ValidationResult{Step: step, Datasets: map[string]Score{"nq": {F1: f1, EM: f1 / 2, N: 2}}, Avg: Score{F1: f1, EM: f1 / 2, N: 2}}
+	return validationWF(step, f1, 1)
+}
+
+// validationWF is a validation of mean F1 f1 of which the share wf of the
+// responses are well formed (and score as the rest).
+func validationWF(step int, f1, wf float64) ValidationResult {
+	sc := Score{F1: f1, EM: f1 / 2, N: 2, WellFormed: wf, F1WellFormed: f1 * wf}
+	return ValidationResult{Step: step, Datasets: map[string]Score{"nq": sc}, Avg: sc}
 }
 
 // step runs the end of GRPO step s with validation F1 f1 (< 0: no
 // validation), checkpointing every third step.
 func (b *bestRun) step(s int, f1 float64) error {
 	b.t.Helper()
+	return b.stepWF(s, f1, 1)
+}
+
+// stepWF is step with the share wf of the validation's responses well formed.
+func (b *bestRun) stepWF(s int, f1, wf float64) error {
+	b.t.Helper()
 	st := &State{Step: s, SFTDone: true, Balance: router.NewBalance(0.9, []string{"a"})}
 	save, newBest := s%3 == 0, false
 	if f1 >= 0 {
-		v := validation(s, f1)
+		v := validationWF(s, f1, wf)
 		if err := b.r.logValidation(v); err != nil {
 			b.t.Fatal(err)
 		}
@@ -109,8 +124,8 @@ func microEngine(t *testing.T) *Engine {
 	return eng
 }
 
-// checkpoints/best follows the validation F1: a strictly higher mean F1
-// takes it (a tie keeps the earlier step), a new best off the checkpoint
+// checkpoints/best follows the validation F1 with ill-formed responses
+// scored 0: a strictly higher mean takes it (a tie keeps the earlier step), a new best off the checkpoint
 // steps is checkpointed, a resume recovers it from validation.jsonl (only
 // validations up to the checkpoint it continues from), and the tidying of a
 // resume never removes it.
@@ -164,16 +179,18 @@ func TestBestCheckpoint(t *testing.T) {
 	if exists(filepath.Join(run, "checkpoints", "step-6")) {
 		t.Errorf("the resume left step-6, which no pointer names")
 	}
-	// The resumed run redoes steps 5 and 6 (F1 0.45, then a tie with step 4).
+	// The resumed run redoes steps 5 and 6 (F1 0.45, then a tie with step
+	// 4). At step 8 the F1 is higher but the format collapsed (a tenth of
+	// the responses well formed): best stays at step 7.
 	for _, s := range []struct {
-		step int
-		f1   float64
-		best int
-	}{{5, 0.45, 4}, {6, 0.5, 4}, {7, 0.6, 7}} {
-		if err := b.step(s.step, s.f1); err != nil {
+		step   int
+		f1, wf float64
+		best   int
+	}{{5, 0.45, 1, 4}, {6, 0.5, 1, 4}, {7, 0.6, 1, 7}, {8, 0.9, 0.1, 7}, {9, 0.7, 1, 9}} {
+		if err := b.stepWF(s.step, s.f1, s.wf); err != nil {
 			t.Fatal(err)
 		}
-		checkBest(t, run, s.best, fmt.Sprintf("after the resumed step %d (F1 %g)", s.step, s.f1))
+		checkBest(t, run, s.best, fmt.Sprintf("after the resumed step %d (F1 %g, well formed %g)", s.step, s.f1, s.wf))
 	}
 
 	// With train.keep_best off, a resume recovers and writes no best, and

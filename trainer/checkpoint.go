@@ -22,7 +22,8 @@ import (
 //	step-N/, sft/   complete checkpoints, never changed once they have their name
 //	last            a symbolic link to the newest complete one
 //	best            a symbolic link to the step-N of the validation with the
-//	                highest mean F1 so far (train.keep_best)
+//	                highest mean F1 so far, ill-formed responses scored 0
+//	                (train.keep_best)
 //	best.json       that validation: step, checkpoint, F1, EM
 //	.*              leftovers of a write that was stopped; removed by the next
 //	                checkpoint and by --resume
@@ -146,21 +147,26 @@ func (r *runDir) checkpoint(eng *Engine, st *State, sampler *data.Sampler, name 
 
 // bestCheckpoint is the validation checkpoints/best names (best.json).
 type bestCheckpoint struct {
-	Step       int     `json:"step"`
-	Checkpoint string  `json:"checkpoint"` // step-N, the folder best names
-	F1         float64 `json:"f1"`         // mean over the validation datasets
-	EM         float64 `json:"em"`
+	Step         int     `json:"step"`
+	Checkpoint   string  `json:"checkpoint"`     // step-N, the folder best names
+	F1WellFormed float64 `json:"f1_well_formed"` // what best is chosen by: mean F1, ill-formed responses scored 0
+	F1           float64 `json:"f1"`             // mean over the validation datasets
+	EM           float64 `json:"em"`
+	WellFormed   float64 `json:"well_formed"`
 }
 
 // improvedBy reports whether validation v beats the best so far (b.Checkpoint
-// "" = none yet): a strictly higher mean F1, so a tie keeps the earlier step.
-// A validation of no question beats nothing.
+// "" = none yet): a strictly higher mean F1 with every response that is not
+// well formed scored 0 (Score.F1WellFormed), so a tie keeps the earlier step
+// and a policy whose format collapsed is not kept for answers the protocol
+// cannot rely on. A validation of no question beats nothing.
 func (b bestCheckpoint) improvedBy(v ValidationResult) bool {
-	return v.Avg.N > 0 && (b.Checkpoint == "" || v.Avg.F1 > b.F1)
+	return v.Avg.N > 0 && (b.Checkpoint == "" || v.Avg.F1WellFormed > b.F1WellFormed)
 }
 
 func bestOf(v ValidationResult) bestCheckpoint {
-	return bestCheckpoint{Step: v.Step, Checkpoint: fmt.Sprintf("step-%d", v.Step), F1: v.Avg.F1, EM: v.Avg.EM}
+	return bestCheckpoint{Step: v.Step, Checkpoint: fmt.Sprintf("step-%d", v.Step),
+		F1WellFormed: v.Avg.F1WellFormed, F1: v.Avg.F1, EM: v.Avg.EM, WellFormed: v.Avg.WellFormed}
 }
 
 // recoverBest replays the validations of validation.jsonl up to step (a

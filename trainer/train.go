@@ -265,7 +265,8 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 					j.best, newBest, save = bestOf(v), true, true
 				}
 				if r.leader() {
-					log.Info("validation", "step", st.Step, "em", fmt.Sprintf("%.3f", v.Avg.EM), "f1", fmt.Sprintf("%.3f", v.Avg.F1), "best", newBest)
+					log.Info("validation", "step", st.Step, "em", fmt.Sprintf("%.3f", v.Avg.EM), "f1", fmt.Sprintf("%.3f", v.Avg.F1),
+						"well_formed", fmt.Sprintf("%.3f", v.Avg.WellFormed), "f1_well_formed", fmt.Sprintf("%.3f", v.Avg.F1WellFormed), "best", newBest)
 				}
 			}
 		}

@@ -15,7 +15,11 @@ type Score struct {
 	N          int     `json:"n"`
 	Calls      float64 `json:"calls_per_question,omitempty"`
 	Cost       float64 `json:"cost,omitempty"`
-	WellFormed float64 `json:"well_formed,omitempty"`
+	WellFormed float64 `json:"well_formed"`
+	// F1WellFormed is the mean F1 with every response that is not well
+	// formed scored 0: what checkpoints/best is chosen by (train.keep_best),
+	// so that a policy whose format collapsed is not kept for its answers.
+	F1WellFormed float64 `json:"f1_well_formed"`
 }
 
 // ValidationResult is one line of validation.jsonl.
@@ -73,6 +77,9 @@ func Summarize(results []QuestionResult) (map[string]Score, Score) {
 		s.N++
 		s.EM += r.EM
 		s.F1 += r.F1
+		if r.WellFormed {
+			s.F1WellFormed += r.F1
+		}
 		s.Cost += r.Cost
 		s.Calls += float64(len(r.Calls))
 		if r.WellFormed {
@@ -83,17 +90,18 @@ func Summarize(results []QuestionResult) (map[string]Score, Score) {
 	var avg Score
 	for k, s := range per {
 		n := float64(s.N)
-		s.EM, s.F1, s.Calls, s.WellFormed = s.EM/n, s.F1/n, s.Calls/n, s.WellFormed/n
+		s.EM, s.F1, s.Calls, s.WellFormed, s.F1WellFormed = s.EM/n, s.F1/n, s.Calls/n, s.WellFormed/n, s.F1WellFormed/n
 		per[k] = s
 		avg.EM += s.EM
 		avg.F1 += s.F1
+		avg.F1WellFormed += s.F1WellFormed
 		avg.Calls += s.Calls
 		avg.Cost += s.Cost
 		avg.WellFormed += s.WellFormed
 		avg.N += s.N
 	}
 	if d := float64(len(per)); d > 0 {
-		avg.EM, avg.F1, avg.Calls, avg.WellFormed = avg.EM/d, avg.F1/d, avg.Calls/d, avg.WellFormed/d
+		avg.EM, avg.F1, avg.Calls, avg.WellFormed, avg.F1WellFormed = avg.EM/d, avg.F1/d, avg.Calls/d, avg.WellFormed/d, avg.F1WellFormed/d
 	}
 	return per, avg
 }
