@@ -84,7 +84,9 @@ type Train struct {
 	// Train.LRFactor for the exact formula. ppo.value_lr is scaled alike.
 	LRSchedule string `toml:"lr_schedule"`
 	// WarmupSteps ramps the learning rate linearly over the first this many
-	// GRPO steps: LR·s/WarmupSteps at step s (0 = no warm-up; < Steps).
+	// GRPO steps: LR·s/WarmupSteps at step s (0 = no warm-up). A run of
+	// WarmupSteps steps or fewer (a short try with --set train.steps=N)
+	// ends inside the ramp.
 	WarmupSteps int `toml:"warmup_steps"`
 	// MinLRRatio is the fraction of LR the "linear" and "cosine" schedules
 	// decay towards, in [0, 1] (0 = towards zero; ignored by "constant").
@@ -116,8 +118,9 @@ type Train struct {
 	// many steps (0 = only at the end).
 	ValidateEvery int `toml:"validate_every"`
 	// KeepBest keeps the checkpoint of the validation with the highest mean
-	// F1 over the validation datasets as checkpoints/best (a validation that
-	// improves on the best so far makes its step a checkpoint).
+	// F1 over the validation datasets, each response that is not well formed
+	// scored 0, as checkpoints/best (a validation that improves on the best
+	// so far makes its step a checkpoint).
 	KeepBest bool `toml:"keep_best"`
 	// HeadChunk is the tokens per output-head chunk in the loss (bounds the
 	// [chunk, vocab] logits in memory).
@@ -405,7 +408,7 @@ func (c *Config) Validate() error {
 		{t.TopP <= 0 || t.TopP > 1, fmt.Sprintf("train.top_p = %g: must be in (0, 1]", t.TopP)},
 		{t.LR <= 0, fmt.Sprintf("train.lr = %g: must be > 0", t.LR)},
 		{lrDecays[t.LRSchedule] == nil, fmt.Sprintf("train.lr_schedule = %q: want one of %s", t.LRSchedule, strings.Join(LRSchedules(), ", "))},
-		{t.WarmupSteps < 0 || t.WarmupSteps > 0 && t.WarmupSteps >= t.Steps, fmt.Sprintf("train.warmup_steps = %d: must be ≥ 0 and < train.steps (%d)", t.WarmupSteps, t.Steps)},
+		{t.WarmupSteps < 0, fmt.Sprintf("train.warmup_steps = %d: must be ≥ 0", t.WarmupSteps)},
 		{t.MinLRRatio < 0 || t.MinLRRatio > 1, fmt.Sprintf("train.min_lr_ratio = %g: must be in [0, 1]", t.MinLRRatio)},
 		{t.WeightDecay < 0, fmt.Sprintf("train.weight_decay = %g: must be ≥ 0", t.WeightDecay)},
 		{t.Beta1 < 0 || t.Beta1 >= 1 || t.Beta2 < 0 || t.Beta2 >= 1, "train.beta1 and train.beta2 must be in [0, 1)"},

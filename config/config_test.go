@@ -68,7 +68,7 @@ provider = "openai"
   api_key_env = "K"
 `, wantErr: `pool.models[1] ("x"): openai.base_url`},
 		{name: "unknown dataset", text: base, sets: []string{`data.train=["squad"]`}, wantErr: `"data.train"`},
-		{name: "lr schedule defaults keep the paper's constant lr", text: base, check: func(c Config) bool {
+		{name: "lr schedule defaults (absent keys) keep the paper's constant lr", text: base, check: func(c Config) bool {
 			return c.Train.LRSchedule == "constant" && c.Train.WarmupSteps == 0 && c.Train.MinLRRatio == 0 && c.Train.KeepBest
 		}},
 		{name: "cosine with warm-up", text: base, sets: []string{"train.lr_schedule=cosine", "train.warmup_steps=10", "train.min_lr_ratio=0.1", "train.keep_best=false"},
@@ -78,7 +78,8 @@ provider = "openai"
 		{name: "unknown lr schedule", text: base, sets: []string{"train.lr_schedule=exponential"}, wantErr: `train.lr_schedule = "exponential": want one of constant, cosine, linear`},
 		{name: "lr schedule in another case", text: base, sets: []string{"train.lr_schedule=Cosine"}, wantErr: "train.lr_schedule"},
 		{name: "negative warm-up", text: base, sets: []string{"train.warmup_steps=-1"}, wantErr: "train.warmup_steps"},
-		{name: "warm-up as long as the run", text: base, sets: []string{"train.steps=10", "train.warmup_steps=10"}, wantErr: "train.warmup_steps = 10: must be ≥ 0 and < train.steps (10)"},
+		{name: "warm-up longer than the run ends inside the ramp", text: base, sets: []string{"train.steps=4", "train.warmup_steps=10"},
+			check: func(c Config) bool { return c.Train.LRFactor(1) == 0.1 && c.Train.LRFactor(4) == 0.4 }},
 		{name: "warm-up one step shorter than the run", text: base, sets: []string{"train.steps=10", "train.warmup_steps=9"},
 			check: func(c Config) bool { return c.Train.WarmupSteps == 9 }},
 		{name: "no steps, no warm-up", text: base, sets: []string{"train.steps=0"}, check: func(c Config) bool { return c.Train.Steps == 0 }},

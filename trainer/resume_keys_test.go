@@ -16,7 +16,9 @@ import (
 func TestConfigChanges(t *testing.T) {
 	load := func(t *testing.T, sets ...string) config.Config {
 		t.Helper()
-		cfg, err := config.Load("../recal.toml", sets)
+		// From the paper's constant schedule (the offline default decays).
+		base := []string{"train.lr_schedule=constant", "train.warmup_steps=0", "train.min_lr_ratio=0"}
+		cfg, err := config.Load("../recal.toml", append(base, sets...))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -90,7 +92,9 @@ func TestConfigChanges(t *testing.T) {
 func TestConfigChangesSchedule(t *testing.T) {
 	load := func(t *testing.T, sets ...string) config.Config {
 		t.Helper()
-		cfg, err := config.Load("../recal.toml", sets)
+		// From the paper's constant schedule (the offline default decays).
+		base := []string{"train.lr_schedule=constant", "train.warmup_steps=0", "train.min_lr_ratio=0"}
+		cfg, err := config.Load("../recal.toml", append(base, sets...))
 		if err != nil {
 			t.Fatal(err)
 		}

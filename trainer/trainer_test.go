@@ -39,6 +39,9 @@ func testConfig(t *testing.T, ck string, sets ...string) config.Config {
 		"train.steps=4", "train.batch_size=2", "train.group_size=2", "train.micro_batch=3",
 		"train.lr=1e-2", "train.weight_decay=0.0", "train.entropy_coef=0.01", "train.kl_coef=0.05",
 		"train.checkpoint_every=2", "train.validate_every=2", "eval.batch=4",
+		// The paper's constant rate: these tests resume and extend runs,
+		// which a decaying schedule refuses (its own tests cover it).
+		"train.lr_schedule=constant", "train.warmup_steps=0", "train.min_lr_ratio=0",
 	}, sets...)
 	cfg, err := config.Load("../recal.toml", all)
 	if err != nil {
