@@ -90,8 +90,8 @@ func TestDeviceMatchesCPU(t *testing.T) {
 	// bits of mantissa, so kernels that sum in another order differ by a few
 	// units of 2⁻⁸.
 	tols := map[string]struct{ logp, grad, param float64 }{
-		"float32":  {logp: 2e-4, grad: 1e-3, param: 1e-5},
-		"bfloat16": {logp: 0.15, grad: 0.1, param: 0.02},
+		"float32":  {logp: 2e-4, grad: 1e-3, param: 1e-3},
+		"bfloat16": {logp: 0.15, grad: 0.1, param: 0.1},
 	}
 	for _, dtype := range []string{"float32", "bfloat16"} {
 		t.Run(dtype, func(t *testing.T) {
@@ -177,7 +177,24 @@ func TestDeviceMatchesCPU(t *testing.T) {
 				t.Errorf("gradient of %s: relative difference %.3g, tolerance %g", worstName, worst, tol.grad)
 			}
 
-			o := torchbridge.AdamW{LR: 1e-3, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: 0.01, MaxGradNorm: 1}
+			// One AdamW step. Its first update is lr·g/(|g|+eps): with a
+			// small eps an element whose gradient is rounding noise (the k
+			// bias's is zero in exact arithmetic) moves by ±lr on either
+			// device, whichever sign the noise has; eps 1e-3 keeps the
+			// update a smooth function of the gradient, so what is compared
+			// is the step's arithmetic. bfloat16 policies step their float32
+			// master copies ("master/…"), which are compared.
+			o := torchbridge.AdamW{LR: 1e-3, Beta1: 0.9, Beta2: 0.999, Eps: 1e-3, WeightDecay: 0.01, MaxGradNorm: 1}
+			weights := func(p *torchbridge.Policy, name string, n int64) []float32 {
+				if dtype == "bfloat16" {
+					return getF32(t, p, "master/"+name, n)
+				}
+				return getF32(t, p, name, n)
+			}
+			before := map[string][]float32{}
+			for _, pr := range cpu.Params() {
+				before[pr.Name] = getF32(t, cpu, pr.Name, pr.Numel())
+			}
 			gnC, err := cpu.Step(ctx, o)
 			if err != nil {
 				t.Fatal(err)
@@ -190,15 +207,24 @@ func TestDeviceMatchesCPU(t *testing.T) {
 			if math.Abs(gnD-gnC) > tol.grad*gnC {
 				t.Errorf("gradient norm: device %v, CPU %v", gnD, gnC)
 			}
-			pworst := 0.0
+			// ‖w_dev − w_cpu‖ / ‖w_cpu − w_before‖: the two updates' difference
+			// relative to the update (a floor of 1e-6 per element for
+			// parameters that hardly move).
+			pworst, pname := 0.0, ""
 			for _, pr := range cpu.Params() {
-				wC := getF32(t, cpu, pr.Name, pr.Numel())
-				wD := getF32(t, dev, pr.Name, pr.Numel())
-				pworst = math.Max(pworst, maxRel(wD, wC, 1e-3))
+				wC, wD, w0 := weights(cpu, pr.Name, pr.Numel()), weights(dev, pr.Name, pr.Numel()), before[pr.Name]
+				var d, u float64
+				for i := range wC {
+					d += math.Pow(float64(wD[i])-float64(wC[i]), 2)
+					u += math.Pow(float64(wC[i])-float64(w0[i]), 2)
+				}
+				if r := math.Sqrt(d) / (math.Sqrt(u) + 1e-6*math.Sqrt(float64(len(wC)))); r > pworst {
+					pworst, pname = r, pr.Name
+				}
 			}
-			t.Logf("after one AdamW step: worst max|Δw|/max|w| %.3g", pworst)
+			t.Logf("after one AdamW step: worst ‖Δ(update)‖/‖update‖ %.3g (%s)", pworst, pname)
 			if pworst > tol.param {
-				t.Errorf("weights after a step: relative difference %.3g, tolerance %g", pworst, tol.param)
+				t.Errorf("weights after a step (%s): the updates differ by %.3g of their size, tolerance %g", pname, pworst, tol.param)
 			}
 
 			// Greedy decoding of 4 rows, 24 tokens, in the KV cache.

