@@ -10,10 +10,13 @@
 #           toolkit's and the nvidia-* packages' headers) and Gloo (GLOO_INC);
 #           falls back to Gloo alone, then to no process group
 #   test    go test ./torchbridge/ with RECAL_TEST_DEVICE=cuda
+#   speed   bench/gpu/speed (prefill, decode, train step tokens/s) for the
+#           tiny and small presets and Qwen2.5-0.5B's shape: cuda in float32
+#           and bfloat16, cpu in float32
 #   train   recal policy init (make's $(INIT)), then recal train of recal.toml
 #           with SFT_STEPS and GRPO_STEPS, on cuda and on cpu (CPU_THREADS)
 #   eval    recal eval of the cuda run's checkpoint (EVAL_N questions per
-#           dataset, --split id, the policy router), on cuda and on cpu
+#           dataset, --split EVAL_SPLIT (id), the policy router), on cuda and on cpu
 #   serve   recal serve of that checkpoint, on cuda and on cpu: serve_probe.py
 #   small   the small preset: policy init, then a short train on cuda and cpu
 #   bf16    a short train on cuda in bfloat16
@@ -41,6 +44,7 @@ SFT_STEPS=${SFT_STEPS:-50}
 GRPO_STEPS=${GRPO_STEPS:-10}
 CPU_THREADS=${CPU_THREADS:-$(nproc)}
 EVAL_N=${EVAL_N:-100}
+EVAL_SPLIT=${EVAL_SPLIT:-id}
 T0=$SECONDS
 say() { echo "[$((SECONDS - T0))s] $*"; }
 stages=" $* "
@@ -117,11 +121,22 @@ fi
 [ -x bin/recal ] || { [ -x .gpu/recal ] && mkdir -p bin && cp .gpu/recal bin/recal; }
 [ -x bin/recal ] || { say "no bin/recal"; exit 1; }
 
-if has test; then
+# go test and go run link as make build does (the Makefile's GOENV).
+if [ -f build/librecal.a ]; then
   export CGO_CFLAGS="-O2 -DRECAL_LIB=$(sha1sum build/librecal.a | cut -c1-16)"
   export CGO_LDFLAGS="-L$TORCH/lib -Wl,-rpath,$TORCH/lib -Wl,--no-as-needed -ltorch_cuda -lc10_cuda -Wl,--as-needed"
+fi
+
+if has test; then
   RECAL_TEST_DEVICE=cuda run test-cuda 300 go test -count=1 -timeout 280s -v ./torchbridge/
-  grep -E '^(--- |ok|FAIL|PASS)|device_test.go' "$LOGS/test-cuda.log" | grep -v -- '--- PASS: .*/' | head -80
+  grep -E '^(--- |ok|FAIL|PASS)|device_test.go|not bit for bit' "$LOGS/test-cuda.log" | grep -v -- '--- PASS: .*/' | head -80
+fi
+
+if has speed; then
+  go build -o bin/speed ./bench/gpu/speed || exit 1
+  run speed-cuda-f32 200 ./bin/speed -device cuda -dtype float32 -models "${SPEED_MODELS:-tiny,small,0.5b}" && cat "$LOGS/speed-cuda-f32.log"
+  run speed-cuda-bf16 200 ./bin/speed -device cuda -dtype bfloat16 -models "${SPEED_MODELS:-tiny,small,0.5b}" && cat "$LOGS/speed-cuda-bf16.log"
+  run speed-cpu-f32 240 ./bin/speed -device cpu -dtype float32 -threads "$CPU_THREADS" -models "${SPEED_MODELS:-tiny,small,0.5b}" && cat "$LOGS/speed-cpu-f32.log"
 fi
 
 INITFLAGS="--tokenizer tokenizer/qwen2.5 --seed 0 --trim-corpus data/qa --trim-corpus router --trim-corpus recal.toml --trim-vocab 4000 --copy-circuit"
@@ -166,9 +181,9 @@ if has eval; then
     [ "$dev" = cpu ] && extra+=(--set policy.threads="$CPU_THREADS")
     rm -rf "runs/eval-gpu-$dev"
     t=$SECONDS
-    run "eval-$dev" 300 ./bin/recal eval --config recal.toml --checkpoint "$CKPT" --split id \
+    run "eval-$dev" 300 ./bin/recal eval --config recal.toml --checkpoint "$CKPT" --split "$EVAL_SPLIT" \
       --routers policy --set data.test_per_dataset="$EVAL_N" --out "runs/eval-gpu-$dev" "${extra[@]}"
-    say "eval-$dev: $((2 * EVAL_N)) questions in $((SECONDS - t)) s (loading included)"
+    say "eval-$dev: $EVAL_N questions per dataset ($EVAL_SPLIT) in $((SECONDS - t)) s (loading included)"
     cat "runs/eval-gpu-$dev/table.md" 2>/dev/null
   done
 fi
