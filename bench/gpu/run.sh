@@ -19,7 +19,8 @@
 #           dataset, --split EVAL_SPLIT (id), the policy router), on cuda and on cpu
 #   serve   recal serve of that checkpoint, on cuda and on cpu: serve_probe.py
 #   small   the small preset: policy init, then a short train on cuda and cpu
-#   bf16    a short train on cuda in bfloat16
+#   bf16    a short train on cuda in bfloat16 (and in float32 unless train
+#           ran), and eval's checkpoint evaluated on cuda in bfloat16
 #
 # Given .gpu/src.tar.xz, it runs in a copy of that tree at /tmp/recal-src.
 # Without build, bin/recal must be there (from an earlier build: .gpu/recal,
@@ -166,7 +167,7 @@ fi
 # e.g. make train's runs/recal/checkpoints/last, trained elsewhere) when
 # there is one, else the cuda run's (this call's train, or .gpu/ckpt-cuda.tgz).
 CKPT=runs/gpu-cuda/checkpoints/last
-if has eval || has serve; then
+if has eval || has serve || has bf16; then
   if [ -f .gpu/ckpt-trained.tgz ]; then
     mkdir -p runs/gpu-trained && tar -C runs/gpu-trained -xzf .gpu/ckpt-trained.tgz && CKPT=runs/gpu-trained/last
   elif [ ! -d "$CKPT" ] && [ -f .gpu/ckpt-cuda.tgz ]; then
@@ -205,5 +206,13 @@ if has small; then
 fi
 
 if has bf16; then
+  [ -f runs/init/tiny/model.safetensors ] || run init-tiny 120 ./bin/recal policy init --preset tiny --out runs/init/tiny $INITFLAGS
+  [ -d runs/gpu-cuda ] || train cuda cuda
   train cuda cuda-bf16 --set policy.dtype=bfloat16
+  rm -rf runs/eval-gpu-cuda-bf16
+  t=$SECONDS
+  run eval-cuda-bf16 300 ./bin/recal eval --config recal.toml --checkpoint "$CKPT" --split "$EVAL_SPLIT" \
+    --routers policy --set data.test_per_dataset="$EVAL_N" --out runs/eval-gpu-cuda-bf16 --set policy.device=cuda --set policy.dtype=bfloat16
+  say "eval-cuda-bf16: $EVAL_N questions per dataset ($EVAL_SPLIT) in $((SECONDS - t)) s (loading included)"
+  cat runs/eval-gpu-cuda-bf16/table.md 2>/dev/null
 fi
