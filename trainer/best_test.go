@@ -312,9 +312,9 @@ func TestResolveCheckpoint(t *testing.T) {
 			mk(t, filepath.Join(run, "checkpoints", "step-4"))
 			link(t, "step-2", filepath.Join(run, "checkpoints", "best"))
 			link(t, "step-4", filepath.Join(run, "checkpoints", "last"))
-			os.WriteFile(filepath.Join(run, "checkpoints", "best.json"), []byte(`{"step":2,"checkpoint":"step-2","f1":0.5125}`), 0o644)
+			os.WriteFile(filepath.Join(run, "checkpoints", "best.json"), []byte(`{"step":2,"checkpoint":"step-2","f1_well_formed":0.4875,"f1":0.5125}`), 0o644)
 			return run
-		}, "checkpoints/step-2", "best (step 2, validation F1 0.512)", ""},
+		}, "checkpoints/step-2", "best (step 2, validation F1 0.512, well-formed F1 0.487)", ""},
 		{"a run folder without best (train.keep_best off, or an older run)", func(t *testing.T, run string) string {
 			mk(t, filepath.Join(run, "checkpoints", "step-4"))
 			link(t, "step-4", filepath.Join(run, "checkpoints", "last"))

@@ -266,8 +266,8 @@ func complete(dir string) bool {
 // load: dir itself when it is a checkpoint folder; for a training run folder
 // (one holding checkpoints/), the folder its checkpoints/best names when
 // there is one (train.keep_best), else the one checkpoints/last names. which
-// says what was picked ("best (step 40, validation F1 0.512)", "last", or ""
-// for dir itself).
+// says what was picked ("best (step 40, validation F1 0.512, well-formed
+// F1 0.498)", "last", or "" for dir itself).
 func ResolveCheckpoint(dir string) (path, which string, err error) {
 	ck := filepath.Join(dir, "checkpoints")
 	if st, err := os.Stat(ck); err != nil || !st.IsDir() {
@@ -290,7 +290,7 @@ func ResolveCheckpoint(dir string) (path, which string, err error) {
 		which = name
 		var b bestCheckpoint
 		if name == "best" && readJSON(filepath.Join(ck, "best.json"), &b) == nil && filepath.Base(target) == b.Checkpoint {
-			which = fmt.Sprintf("best (step %d, validation F1 %.3f)", b.Step, b.F1)
+			which = fmt.Sprintf("best (step %d, validation F1 %.3f, well-formed F1 %.3f)", b.Step, b.F1, b.F1WellFormed)
 		}
 		return target, which, nil
 	}

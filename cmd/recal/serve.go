@@ -31,7 +31,7 @@ func serveCommand() *cli.Command {
 			"Settings: the [serve] table. Prints the API's base URL on stdout once ready; see the\n" +
 			"README's \"Serving\" section for the request and response fields.",
 		Flags: append(configFlags(),
-			&cli.StringFlag{Name: "checkpoint", Usage: "policy checkpoint folder (required); the router's model id is recal-<its folder name>"},
+			&cli.StringFlag{Name: "checkpoint", Usage: "policy checkpoint folder, or a training run folder for its checkpoints/best (else checkpoints/last) (required); the router's model id is recal-<the folder's name>"},
 			&cli.StringFlag{Name: "addr", Usage: "host:port to listen on (default serve.addr; port 0 picks a free one)"},
 			&cli.StringFlag{Name: "extra-models", Usage: "TOML file of [[models]] added to the pool (unseen models)"},
 			&cli.StringFlag{Name: "trace", Usage: "append one JSON line per chat completion to this file (question, response, calls: rollouts.jsonl's shape)"},
@@ -79,9 +79,18 @@ func runServe(ctx context.Context, cmd *cli.Command) error {
 	if cfg, err = withExtraModels(cfg, cmd.String("extra-models")); err != nil {
 		return err
 	}
-	ck := cmd.String("checkpoint")
+	// A run folder stands for its best checkpoint (train.keep_best), else
+	// its last, as in recal eval; the router's id keeps the name given.
+	name := routerName(cmd.String("checkpoint"))
+	ck, which, err := trainer.ResolveCheckpoint(cmd.String("checkpoint"))
+	if err != nil {
+		return usageError{fmt.Errorf("--checkpoint: %w", err)}
+	}
+	if which != "" {
+		slog.Info("serving the run's checkpoint", "picked", which, "checkpoint", ck)
+	}
 	if cmd.Bool("dry-run") {
-		return dryRunServe(os.Stdout, cfg, cmd.String("config"), ck, cmd.String("trace"))
+		return dryRunServe(os.Stdout, cfg, cmd.String("config"), ck, name, cmd.String("trace"))
 	}
 	apiKey, err := cfg.Serve.APIKey()
 	if err != nil {
@@ -107,7 +116,7 @@ func runServe(ctx context.Context, cmd *cli.Command) error {
 		return fmt.Errorf("serve: listen on %s: %w", cfg.Serve.Addr, err)
 	}
 	defer ln.Close()
-	if err := setThreadsFrom(cmd, cfg); err != nil {
+	if err := setThreadsFrom(cmd, decodingThreads(cfg.Policy)); err != nil {
 		return err
 	}
 	eng, err := trainer.OpenEngine(ck, torchbridge.Options{Device: cfg.Policy.Device, DType: cfg.Policy.DType})
@@ -124,7 +133,6 @@ func runServe(ctx context.Context, cmd *cli.Command) error {
 	if err != nil {
 		return err
 	}
-	name := routerName(ck)
 	srv, err := serve.New(serve.Options{Config: cfg.Serve, Name: name, Models: env.Pool.Models(), MaxTurns: cfg.Router.MaxTurns,
 		APIKey: apiKey, Backend: serviceBackend{svc}, Log: slog.Default(), Trace: trace})
 	if err != nil {
@@ -195,7 +203,7 @@ func (b serviceBackend) Answer(ctx context.Context, q serve.Query) (serve.Result
 }
 
 // dryRunServe is `recal serve --dry-run`: what runServe would load and use.
-func dryRunServe(w io.Writer, cfg config.Config, configPath, checkpoint, trace string) error {
+func dryRunServe(w io.Writer, cfg config.Config, configPath, checkpoint, name, trace string) error {
 	p := &preflight{command: "serve"}
 	p.line("config       %s", configPath)
 	size, _ := p.checkPolicy("--checkpoint", checkpoint)
@@ -222,6 +230,6 @@ func dryRunServe(w io.Writer, cfg config.Config, configPath, checkpoint, trace s
 		auth = "bearer token from $" + s.APIKeyEnv
 	}
 	p.line("serve        %s as %s: %d rows decoding, %d queued, timeout %s, drain %s, auth %s",
-		s.Addr, routerName(checkpoint), s.MaxBatch, s.MaxQueue, s.RequestTimeout, s.DrainTimeout, auth)
+		s.Addr, name, s.MaxBatch, s.MaxQueue, s.RequestTimeout, s.DrainTimeout, auth)
 	return p.finish(w)
 }

@@ -202,6 +202,30 @@ func TestServeDryRun(t *testing.T) {
 	if code != 0 || !strings.Contains(stdout, "recal-policy") || !strings.Contains(stdout, "no problem found") {
 		t.Fatalf("exit %d, stdout %q, stderr %q; want 0 and a summary naming the router", code, stdout, stderr)
 	}
+	// A training run's folder stands for its checkpoints/last (no best):
+	// the summary names the router after the run and checks that checkpoint.
+	run := filepath.Join(t.TempDir(), "myrun")
+	step := filepath.Join(run, "checkpoints", "step-2")
+	if err := os.CopyFS(step, os.DirFS(ck)); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"optimizer.safetensors", "trainer_state.json"} { // what makes a training checkpoint complete
+		if _, err := os.Stat(filepath.Join(step, f)); err != nil {
+			os.WriteFile(filepath.Join(step, f), []byte("{}"), 0o644)
+		}
+	}
+	if err := os.Symlink("step-2", filepath.Join(run, "checkpoints", "last")); err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr = runCLI(t, "serve", "--config", "../../recal.toml", "--checkpoint", run, "--addr", "127.0.0.1:0", "--dry-run")
+	if code != 0 || !strings.Contains(stdout, "recal-myrun") || !strings.Contains(stdout, step) || !strings.Contains(stdout, "no problem found") {
+		t.Fatalf("run folder: exit %d, stdout %q, stderr %q; want 0 and a summary naming recal-myrun and %s", code, stdout, stderr, step)
+	}
+	os.Remove(filepath.Join(run, "checkpoints", "last"))
+	code, _, stderr = runCLI(t, "serve", "--config", "../../recal.toml", "--checkpoint", run, "--dry-run")
+	if code != 2 || !strings.Contains(stderr, "no checkpoint yet") {
+		t.Fatalf("run folder without a checkpoint: exit %d, stderr %q; want 2 saying it has none", code, stderr)
+	}
 	os.Unsetenv("RECAL_TEST_UNSET_CLIENT_KEY")
 	code, _, stderr = runCLI(t, "serve", "--config", "../../recal.toml", "--checkpoint", t.TempDir(), "--dry-run",
 		"--set", "serve.api_key_env=RECAL_TEST_UNSET_CLIENT_KEY")

@@ -61,7 +61,7 @@ func table1Command() *cli.Command {
 			"Writes --work/eval-<split>/table.{json,csv,md} and prints the table.",
 		Flags: append(configFlags(),
 			&cli.StringFlag{Name: "work", Value: "runs/table1", Usage: "work folder: outcome matrix, fitted routers, checkpoints, results, table"},
-			&cli.StringFlag{Name: "checkpoint", Value: "runs/recal/checkpoints/last", Usage: "the ReCal policy (make train's)"},
+			&cli.StringFlag{Name: "checkpoint", Value: "runs/recal", Usage: "the ReCal policy: a training run folder (its checkpoints/best, else last; make train's by default) or a checkpoint folder RUN/checkpoints/X"},
 			&cli.StringFlag{Name: "split", Value: "all", Usage: "test split: id, ood or all"},
 			&cli.StringFlag{Name: "datasets", Usage: "comma-separated datasets (instead of --split)"},
 			&cli.IntFlag{Name: "sft-steps", Usage: "steps of the SFT-direct fit (default sft.steps)"},
@@ -82,7 +82,7 @@ func table1Command() *cli.Command {
 			if err != nil {
 				return err
 			}
-			if err := setThreadsFrom(cmd, cfg); err != nil {
+			if err := setThreadsFrom(cmd, cfg.Policy.Threads); err != nil {
 				return err
 			}
 			o := table1Options{Work: cmd.String("work"), Checkpoint: cmd.String("checkpoint"), Datasets: names, Split: sel,
@@ -154,11 +154,21 @@ func runTable1(ctx context.Context, cfg config.Config, o table1Options) (eval.Pa
 		return err
 	}
 	// The ReCal policy and the knn routers' logged outcomes come from a
-	// training run; nothing else can stand in for them.
+	// training run; nothing else can stand in for them. A run folder stands
+	// for its checkpoints/best (else last), a checkpoint folder
+	// (RUN/checkpoints/X) for itself.
+	recalRun := filepath.Dir(filepath.Dir(filepath.Clean(o.Checkpoint)))
+	ck, which, err := trainer.ResolveCheckpoint(o.Checkpoint)
+	if err != nil {
+		return eval.PaperTable{}, rep, fmt.Errorf("table1: --checkpoint: %w", err)
+	}
+	if which != "" {
+		o.Log.Info("table1: the ReCal row evaluates the run's checkpoint", "picked", which, "checkpoint", ck)
+		recalRun, o.Checkpoint = o.Checkpoint, ck
+	}
 	if _, err := os.Stat(filepath.Join(o.Checkpoint, "model.safetensors")); err != nil {
 		return eval.PaperTable{}, rep, fmt.Errorf("table1: --checkpoint %s: no policy there; train one with `make train` or `recal train --config FILE --run-dir DIR` (its checkpoints/last)", o.Checkpoint)
 	}
-	recalRun := filepath.Dir(filepath.Dir(filepath.Clean(o.Checkpoint)))
 	if o.KNNLog == "" {
 		o.KNNLog = filepath.Join(recalRun, "rollouts.jsonl")
 	}
