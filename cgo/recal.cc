@@ -357,6 +357,10 @@ int rc_set_threads(int32_t n, char** err) {
   });
 }
 
+int rc_get_threads(int32_t* out, char** err) {
+  return guarded(err, [&] { *out = static_cast<int32_t>(torch::get_num_threads()); });
+}
+
 int rc_cuda_available(int32_t* out, char** err) {
   return guarded(err, [&] { *out = torch::cuda::is_available() ? 1 : 0; });
 }

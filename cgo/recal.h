@@ -43,8 +43,13 @@ typedef struct rc_config {
   int32_t tie_word_embeddings;
 } rc_config;
 
-/* Sets the number of intra-op CPU threads (once per process, before work). */
+/* Sets the number of intra-op CPU threads (and OpenBLAS's) of the calling
+   thread's later work; n <= 0 leaves them. May be called between pieces of
+   work (the training loop decodes with fewer threads than it trains). */
 int rc_set_threads(int32_t n, char** err);
+
+/* The number of intra-op CPU threads the calling thread's work uses. */
+int rc_get_threads(int32_t* out, char** err);
 
 /* Reports whether the linked libtorch can use CUDA (1) or not (0). */
 int rc_cuda_available(int32_t* out, char** err);

@@ -77,6 +77,8 @@ provider = "openai"
 			}},
 		{name: "unknown lr schedule", text: base, sets: []string{"train.lr_schedule=exponential"}, wantErr: `train.lr_schedule = "exponential": want one of constant, cosine, linear`},
 		{name: "lr schedule in another case", text: base, sets: []string{"train.lr_schedule=Cosine"}, wantErr: "train.lr_schedule"},
+		{name: "negative decode threads", text: base, sets: []string{"policy.decode_threads=-1"}, wantErr: "policy.decode_threads = -1"},
+		{name: "decode threads", text: base, sets: []string{"policy.decode_threads=1"}, check: func(c Config) bool { return c.Policy.DecodeThreads == 1 }},
 		{name: "negative warm-up", text: base, sets: []string{"train.warmup_steps=-1"}, wantErr: "train.warmup_steps"},
 		{name: "warm-up longer than the run ends inside the ramp", text: base, sets: []string{"train.steps=4", "train.warmup_steps=10"},
 			check: func(c Config) bool { return c.Train.LRFactor(1) == 0.1 && c.Train.LRFactor(4) == 0.4 }},

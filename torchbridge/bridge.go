@@ -81,12 +81,24 @@ func do(ctx context.Context, fn func() error) error {
 	return <-done
 }
 
-// SetThreads sets libtorch's intra-op CPU threads. Call once, before work.
+// SetThreads sets libtorch's intra-op CPU threads (and OpenBLAS's) for
+// the work that follows; n ≤ 0 leaves them. It may be called between
+// pieces of work: all of it runs on the torch thread.
 func SetThreads(n int) error {
 	return do(context.Background(), func() error {
 		var msg *C.char
 		return status(C.rc_set_threads(C.int32_t(n), &msg), msg)
 	})
+}
+
+// Threads returns libtorch's intra-op CPU threads of the torch thread.
+func Threads() (int, error) {
+	var n C.int32_t
+	err := do(context.Background(), func() error {
+		var msg *C.char
+		return status(C.rc_get_threads(&n, &msg), msg)
+	})
+	return int(n), err
 }
 
 // CUDAAvailable reports whether the linked libtorch can run on a GPU.

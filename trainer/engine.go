@@ -32,6 +32,24 @@ func SetThreads(n int) error {
 	return torchbridge.SetThreads(n)
 }
 
+// DecodeThreads sets libtorch's CPU threads to n (policy.decode_threads)
+// for a stretch of decoding and returns the function that restores the
+// count from before; n ≤ 0 changes nothing. All torch work runs on one
+// thread, so the count holds for exactly the calls in between.
+func DecodeThreads(n int) (restore func() error, err error) {
+	if n <= 0 {
+		return func() error { return nil }, nil
+	}
+	before, err := torchbridge.Threads()
+	if err != nil {
+		return nil, err
+	}
+	if err := torchbridge.SetThreads(n); err != nil {
+		return nil, err
+	}
+	return func() error { return torchbridge.SetThreads(before) }, nil
+}
+
 // OpenEngine loads a checkpoint folder and the tokenizer inside it.
 func OpenEngine(dir string, opt torchbridge.Options) (*Engine, error) {
 	tok, err := tokenizer.Load(dir)

@@ -209,11 +209,11 @@ func TestResumeMatchesUninterrupted(t *testing.T) {
 				}
 			}
 			// checkpoints/best is the first validation with the highest
-			// mean F1, in both runs.
+			// mean well-formed F1, in both runs.
 			for _, run := range []string{full, part} {
 				best, bestF1 := "", -1.0
 				for _, v := range readJSONL(t, filepath.Join(run, "validation.jsonl")) {
-					if f1 := v["avg"].(map[string]any)["f1"].(float64); f1 > bestF1 {
+					if f1 := v["avg"].(map[string]any)["f1_well_formed"].(float64); f1 > bestF1 {
 						best, bestF1 = fmt.Sprintf("step-%v", v["step"]), f1
 					}
 				}
@@ -495,5 +495,44 @@ func TestSkippedUpdates(t *testing.T) {
 				t.Errorf("%d warnings of skipped updates in the log, want %d:\n%s", n, c.steps, logBuf.String())
 			}
 		})
+	}
+}
+
+// policy.decode_threads decodes the rollouts and validations with one
+// thread and trains with two: the job's thread count is back at two after
+// each stretch of decoding and after the run, and a resume may not change
+// the key (another thread count may round the rollouts' log-probabilities
+// differently in the last bit).
+func TestDecodeThreads(t *testing.T) {
+	if err := trainer.SetThreads(2); err != nil {
+		t.Fatal(err)
+	}
+	ck := microCheckpoint(t)
+	cfg := testConfig(t, ck, "sft.steps=0", "train.steps=2", "train.validate_every=1", "policy.decode_threads=1")
+	run := filepath.Join(t.TempDir(), "run")
+	if err := trainer.Train(context.Background(), cfg, trainer.Options{RunDir: run}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := torchbridge.Threads(); err != nil || got != 2 {
+		t.Fatalf("%d threads after the run (%v), want the job's 2", got, err)
+	}
+	restore, err := trainer.DecodeThreads(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := torchbridge.Threads(); got != 1 {
+		t.Errorf("DecodeThreads(1): %d threads, want 1", got)
+	}
+	if err := restore(); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := torchbridge.Threads(); got != 2 {
+		t.Errorf("after restore: %d threads, want 2", got)
+	}
+	more := cfg
+	more.Train.Steps, more.Policy.DecodeThreads = 3, 0
+	err = trainer.Train(context.Background(), more, trainer.Options{RunDir: run, Resume: true})
+	if err == nil || !strings.Contains(err.Error(), "policy.decode_threads") {
+		t.Errorf("resume with another policy.decode_threads: %v, want an error naming the key", err)
 	}
 }

@@ -55,7 +55,7 @@ func runAblate(ctx context.Context, cmd *cli.Command) error {
 	if err != nil {
 		return err
 	}
-	if err := setThreadsFrom(cmd, cfg); err != nil {
+	if err := setThreadsFrom(cmd, cfg.Policy.Threads); err != nil {
 		return err
 	}
 	seeds := []int64{cfg.Train.Seed}

@@ -190,7 +190,7 @@ func runEval(ctx context.Context, cmd *cli.Command) error {
 	if n := int(cmd.Int("nproc")); n > 1 {
 		return launchLocal(ctx, n, cfg.Dist.Timeout)
 	}
-	if err := rankThreads(cmd, cfg.Policy.Threads, launch); err != nil {
+	if err := rankThreads(cmd, decodingThreads(cfg.Policy), launch); err != nil {
 		return err
 	}
 	// Each rank: its own GPU (policy.device = "cuda") and its share of the
@@ -252,8 +252,10 @@ func progressFunc() func(string, int, int) {
 	}
 }
 
-func setThreadsFrom(cmd *cli.Command, cfg config.Config) error {
-	threads := cfg.Policy.Threads
+// setThreadsFrom sets libtorch's CPU threads: --threads, else configured
+// (policy.threads, or decodingThreads for a command that only decodes).
+func setThreadsFrom(cmd *cli.Command, configured int) error {
+	threads := configured
 	if cmd.Root().IsSet("threads") {
 		threads = int(cmd.Root().Int("threads"))
 	}
@@ -268,4 +270,13 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// decodingThreads is the CPU thread count of a command that only decodes
+// (eval, serve): policy.decode_threads when set, else policy.threads.
+func decodingThreads(p config.Policy) int {
+	if p.DecodeThreads > 0 {
+		return p.DecodeThreads
+	}
+	return p.Threads
 }

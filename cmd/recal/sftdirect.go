@@ -37,7 +37,7 @@ func sftDirectCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			if err := setThreadsFrom(cmd, cfg); err != nil {
+			if err := setThreadsFrom(cmd, cfg.Policy.Threads); err != nil {
 				return err
 			}
 			opt, err := sftDirectOptions(cfg, cmd.String("out"), int(cmd.Int("steps")))
