@@ -11,35 +11,24 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"math/rand"
 	"os"
 	"os/exec"
 	"runtime"
 	"strings"
 	"testing"
 
+	"github.com/recal-project/recal/bench/engine"
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/internal/hfmodel"
 	"github.com/recal-project/recal/torchbridge"
 )
 
-// The workload, shared with bench/torch_eager.py.
-const (
-	prefillLen   = 256
-	decodePrompt = 32
-	decodeSteps  = 64
-	trainBatch   = 8
-	trainLen     = 256
-)
-
 var headChunk int
 
+// result is one preset's rates, ours or bench/torch_eager.py's JSON.
 type result struct {
-	Preset    string  `json:"preset"`
-	Prefill   float64 `json:"prefill_tok_s"`
-	DecodeB1  float64 `json:"decode_b1_tok_s"`
-	DecodeB64 float64 `json:"decode_b64_tok_s"`
-	Train     float64 `json:"train_tok_s"`
+	Preset string `json:"preset"`
+	engine.Rates
 }
 
 func main() {
@@ -87,122 +76,47 @@ func fail(err error) {
 	os.Exit(1)
 }
 
-func tokens(r *rand.Rand, n int, vocab int64) []int32 {
-	s := make([]int32, n)
-	for i := range s {
-		s[i] = int32(r.Int63n(vocab))
+// benchmark is measure's engine.Timer: testing.Benchmark, with setup
+// outside the timer.
+func benchmark(tokensPerOp int, setup, op func() error) (float64, error) {
+	var err error
+	res := testing.Benchmark(func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			if setup != nil {
+				b.StopTimer()
+				if err = setup(); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+			}
+			if err = op(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	if err != nil {
+		return 0, err
 	}
-	return s
-}
-
-// perSecond runs fn under testing.Benchmark and converts to tokens/s.
-func perSecond(tokensPerOp int, fn func(b *testing.B)) float64 {
-	res := testing.Benchmark(fn)
 	if res.N == 0 {
-		return 0
+		return 0, nil
 	}
-	return float64(tokensPerOp) * float64(res.N) / res.T.Seconds()
+	return float64(tokensPerOp) * float64(res.N) / res.T.Seconds(), nil
 }
 
+// measure runs the engine workload on a random policy of preset with
+// Qwen2.5's full vocabulary, on CPU in float32.
 func measure(preset string) (result, error) {
-	ctx := context.Background()
 	cfg, err := hfmodel.Preset(preset, 151936)
 	if err != nil {
 		return result{}, err
 	}
-	p, err := torchbridge.NewPolicy(cfg, torchbridge.Options{})
+	p, err := engine.NewRandomPolicy(cfg, torchbridge.Options{})
 	if err != nil {
 		return result{}, err
 	}
 	defer p.Close()
-	if err := p.InitRandom(1, 0.02); err != nil {
-		return result{}, err
-	}
-	r := rand.New(rand.NewSource(1))
-	res := result{Preset: preset}
-	var benchErr error
-	check := func(b *testing.B, err error) {
-		if err != nil {
-			benchErr = err
-			b.Fatal(err)
-		}
-	}
-
-	// Prefill: one prompt of prefillLen tokens into an empty cache.
-	cache, err := p.NewCache(1, prefillLen+1)
-	if err != nil {
-		return result{}, err
-	}
-	prompt := tokens(r, prefillLen, cfg.VocabSize)
-	res.Prefill = perSecond(prefillLen, func(b *testing.B) {
-		for i := 0; i < b.N; i++ {
-			check(b, cache.Reset(ctx))
-			_, err := cache.Extend(ctx, torchbridge.Step{Rows: []int{0}, Tokens: [][]int32{prompt}})
-			check(b, err)
-		}
-	})
-	cache.Close()
-
-	// Decode: prefill decodePrompt tokens per row (outside the timer), then
-	// decodeSteps greedy steps feeding back the sampled token.
-	decode := func(batch int) float64 {
-		c, err := p.NewCache(batch, decodePrompt+decodeSteps+1)
-		if err != nil {
-			benchErr = err
-			return 0
-		}
-		defer c.Close()
-		rows := make([]int, batch)
-		prompts := make([][]int32, batch)
-		for i := range rows {
-			rows[i] = i
-			prompts[i] = tokens(r, decodePrompt, cfg.VocabSize)
-		}
-		return perSecond(batch*decodeSteps, func(b *testing.B) {
-			for i := 0; i < b.N; i++ {
-				b.StopTimer()
-				check(b, c.Reset(ctx))
-				out, err := c.Extend(ctx, torchbridge.Step{Rows: rows, Tokens: prompts})
-				check(b, err)
-				b.StartTimer()
-				for s := 0; s < decodeSteps; s++ {
-					feed := make([][]int32, batch)
-					for j := range feed {
-						feed[j] = []int32{out.Next[j]}
-					}
-					out, err = c.Extend(ctx, torchbridge.Step{Rows: rows, Tokens: feed})
-					check(b, err)
-				}
-			}
-		})
-	}
-	res.DecodeB1 = decode(1)
-	res.DecodeB64 = decode(64)
-
-	// Train step: the clipped policy-gradient loss on trainBatch sequences
-	// of trainLen tokens, backward, AdamW with clipping.
-	seqs := make([]torchbridge.Sequence, trainBatch)
-	for i := range seqs {
-		s := torchbridge.Sequence{Tokens: tokens(r, trainLen, cfg.VocabSize), Advantage: float32(r.NormFloat64())}
-		s.Mask = make([]float32, trainLen)
-		s.OldLogp = make([]float32, trainLen)
-		for t := range s.Mask {
-			s.Mask[t] = 1
-			s.OldLogp[t] = -12
-		}
-		seqs[i] = s
-	}
-	opt := torchbridge.LossOptions{ClipEps: 0.2, Scale: 1.0 / float64(trainBatch*trainLen), HeadChunk: headChunk}
-	adam := torchbridge.AdamW{LR: 1e-5, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: 0.01, MaxGradNorm: 1}
-	res.Train = perSecond(trainBatch*trainLen, func(b *testing.B) {
-		for i := 0; i < b.N; i++ {
-			_, err := p.Backward(ctx, seqs, opt)
-			check(b, err)
-			_, err = p.Step(ctx, adam)
-			check(b, err)
-		}
-	})
-	return res, benchErr
+	rates, err := engine.Measure(context.Background(), p, benchmark, engine.Options{HeadChunk: headChunk})
+	return result{Preset: preset, Rates: rates}, err
 }
 
 func reference(python, preset string, threads int) (*result, error) {
@@ -236,9 +150,9 @@ func report(ours result, ref *result) bool {
 	if ref != nil {
 		r = *ref
 	}
-	row(fmt.Sprintf("prefill (1x%d)", prefillLen), ours.Prefill, r.Prefill)
+	row(fmt.Sprintf("prefill (1x%d)", engine.PrefillLen), ours.Prefill, r.Prefill)
 	row("decode batch 1", ours.DecodeB1, r.DecodeB1)
 	row("decode batch 64", ours.DecodeB64, r.DecodeB64)
-	row(fmt.Sprintf("train step (%dx%d)", trainBatch, trainLen), ours.Train, r.Train)
+	row(fmt.Sprintf("train step (%dx%d)", engine.TrainBatch, engine.TrainLen), ours.Train, r.Train)
 	return ok
 }
