@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/recal-project/recal/internal/hfmodel"
+	"github.com/recal-project/recal/internal/ranktest"
 	"github.com/recal-project/recal/torchbridge"
 )
 
@@ -294,7 +295,7 @@ func TestDeviceNCCLOneRank(t *testing.T) {
 		t.Skip("inside a helper rank")
 	}
 	ctx := context.Background()
-	g, err := torchbridge.NewProcessGroup(ctx, torchbridge.GroupOptions{WorldSize: 1, MasterPort: freePort(t), Timeout: 30 * time.Second, Backend: "nccl"})
+	g, err := torchbridge.NewProcessGroup(ctx, torchbridge.GroupOptions{WorldSize: 1, MasterPort: ranktest.FreePort(t), Timeout: 30 * time.Second, Backend: "nccl"})
 	if err != nil {
 		if strings.Contains(err.Error(), "this build has no NCCL") || strings.Contains(err.Error(), "this build has no Gloo") {
 			t.Skip(err)

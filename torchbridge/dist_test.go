@@ -8,17 +8,16 @@ import (
 	"fmt"
 	"math"
 	"math/rand"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/recal-project/recal/dist"
+	"github.com/recal-project/recal/internal/ranktest"
 	"github.com/recal-project/recal/torchbridge"
 )
 
@@ -29,45 +28,18 @@ var _ dist.Group = (*torchbridge.ProcessGroup)(nil)
 // the scenario in helperEnv.
 const helperEnv = "RECAL_DIST_HELPER"
 
-// freePort returns a TCP port on loopback that nothing listens on.
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // launch starts world ranks of scenario, writing into dir, and returns their
 // commands (started) and outputs.
 func launch(t *testing.T, ctx context.Context, scenario, dir string, world int) ([]*exec.Cmd, []*bytes.Buffer) {
 	t.Helper()
-	return launchAt(t, ctx, scenario, dir, world, freePort(t))
+	return launchAt(t, ctx, scenario, dir, world, ranktest.FreePort(t))
 }
 
 // launchAt is launch with the store at port and extra variables for every
 // rank.
 func launchAt(t *testing.T, ctx context.Context, scenario, dir string, world, port int, extra ...string) ([]*exec.Cmd, []*bytes.Buffer) {
 	t.Helper()
-	var cmds []*exec.Cmd
-	var outs []*bytes.Buffer
-	for r := 0; r < world; r++ {
-		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestDistHelper$", "-test.count=1", "-test.v")
-		cmd.Env = append(os.Environ(), helperEnv+"="+scenario, "RECAL_DIST_DIR="+dir,
-			"RANK="+strconv.Itoa(r), "WORLD_SIZE="+strconv.Itoa(world), "LOCAL_RANK="+strconv.Itoa(r),
-			"MASTER_ADDR=127.0.0.1", "MASTER_PORT="+strconv.Itoa(port))
-		cmd.Env = append(cmd.Env, extra...)
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		cmds = append(cmds, cmd)
-		outs = append(outs, &out)
-	}
-	return cmds, outs
+	return ranktest.Launch(t, ctx, "TestDistHelper", world, port, append([]string{helperEnv + "=" + scenario, "RECAL_DIST_DIR=" + dir}, extra...)...)
 }
 
 // helperCase is a policy the collectives scenario all-reduces.
@@ -450,7 +422,7 @@ func TestProcessGroupOneProcess(t *testing.T) {
 		t.Skip("inside a helper rank")
 	}
 	ctx := context.Background()
-	g, err := torchbridge.NewProcessGroup(ctx, torchbridge.GroupOptions{WorldSize: 1, MasterPort: freePort(t), Timeout: 5 * time.Second})
+	g, err := torchbridge.NewProcessGroup(ctx, torchbridge.GroupOptions{WorldSize: 1, MasterPort: ranktest.FreePort(t), Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -490,7 +462,7 @@ func TestProcessGroupOneProcess(t *testing.T) {
 		t.Fatalf("barrier after Close: %v, want ErrClosed", err)
 	}
 
-	port := freePort(t)
+	port := ranktest.FreePort(t)
 	tests := []struct {
 		name string
 		ctx  context.Context

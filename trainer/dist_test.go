@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +18,7 @@ import (
 	"time"
 
 	"github.com/recal-project/recal/dist"
+	"github.com/recal-project/recal/internal/ranktest"
 	"github.com/recal-project/recal/trainer"
 )
 
@@ -41,29 +41,8 @@ var distSets = []string{"policy.threads=1", "train.micro_batch=2", "train.batch_
 // environment variables env and extra --set keys sets.
 func launchRanks(t *testing.T, ctx context.Context, run, ck string, world int, env []string, sets ...string) ([]*exec.Cmd, []*bytes.Buffer) {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	var cmds []*exec.Cmd
-	var outs []*bytes.Buffer
-	for r := 0; r < world; r++ {
-		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestTrainRankHelper$", "-test.count=1", "-test.v")
-		cmd.Env = append(os.Environ(), rankHelperEnv+"="+run, rankCkEnv+"="+ck, rankSetsEnv+"="+strings.Join(sets, "|"),
-			"RANK="+strconv.Itoa(r), "WORLD_SIZE="+strconv.Itoa(world), "LOCAL_RANK="+strconv.Itoa(r), "LOCAL_WORLD_SIZE="+strconv.Itoa(world),
-			"MASTER_ADDR=127.0.0.1", "MASTER_PORT="+strconv.Itoa(port))
-		cmd.Env = append(cmd.Env, env...)
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		cmds = append(cmds, cmd)
-		outs = append(outs, &out)
-	}
-	return cmds, outs
+	vars := append([]string{rankHelperEnv + "=" + run, rankCkEnv + "=" + ck, rankSetsEnv + "=" + strings.Join(sets, "|")}, env...)
+	return ranktest.Launch(t, ctx, "TestTrainRankHelper", world, ranktest.FreePort(t), vars...)
 }
 
 // TestTrainRankHelper is not a test: it is one rank of a job launched by
