@@ -239,9 +239,9 @@ type Policy struct {
 	DType string `toml:"dtype"`
 	// Threads is the number of CPU threads libtorch uses (0 = all cores).
 	Threads int `toml:"threads"`
-	// DecodeThreads is the number of CPU threads while the policy decodes:
-	// GRPO rollouts and validation inside training, and the whole of
-	// eval and serve (0 = Threads). A small policy decodes a few rows per
+	// DecodeThreads is the number of CPU threads while the policy decodes
+	// (GRPO rollouts, validation, the policy's answers in eval, table1 and
+	// ablate, and the whole of serve; 0 = Threads). A small policy decodes a few rows per
 	// step, too little work to share: on the 2-core VM the tiny policy's
 	// rollouts ran 1.26× faster on one thread than on two. Training's
 	// forward and backward passes keep Threads. Another thread count can

@@ -20,6 +20,9 @@ type Env struct {
 	Pool   *llmpool.Pool
 	Prompt *router.Prompt
 	Router router.Config
+	// DecodeThreads is the CPU thread count of Roll and RollRows
+	// (policy.decode_threads; 0 = whatever the process uses).
+	DecodeThreads int
 
 	mu      sync.Mutex
 	prompts map[string][]int32 // prompt tokens by question id
@@ -51,7 +54,8 @@ func NewEnv(cfg config.Config, eng *Engine, bank map[string][]string, log *slog.
 		pool.Close()
 		return nil, err
 	}
-	return &Env{Engine: eng, Pool: pool, Prompt: prompt, Router: cfg.Router, prompts: map[string][]int32{}}, nil
+	return &Env{Engine: eng, Pool: pool, Prompt: prompt, Router: cfg.Router, DecodeThreads: cfg.Policy.DecodeThreads,
+		prompts: map[string][]int32{}}, nil
 }
 
 // CheckPool builds the pool once to surface configuration and environment
@@ -107,8 +111,18 @@ func (e *Env) Roll(ctx context.Context, qs []data.Example, g int, s generate.Sam
 // RollRows is Roll for the responses [first, first+len(qs)·g) of a larger
 // batch: each samples what response first+k of that batch would (see
 // Decoder.RowBase), so a data-parallel rank rolls out its share exactly as
-// one process rolls out the whole batch.
-func (e *Env) RollRows(ctx context.Context, qs []data.Example, g int, s generate.Sampling, seed uint64, logp bool, first int) ([]router.Sample, router.Stats, error) {
+// one process rolls out the whole batch. It decodes on e.DecodeThreads
+// threads and restores the count before it returns.
+func (e *Env) RollRows(ctx context.Context, qs []data.Example, g int, s generate.Sampling, seed uint64, logp bool, first int) (out []router.Sample, st router.Stats, err error) {
+	restore, err := DecodeThreads(e.DecodeThreads)
+	if err != nil {
+		return nil, router.Stats{}, err
+	}
+	defer func() {
+		if rerr := restore(); err == nil {
+			err = rerr
+		}
+	}()
 	var jobs []router.Job
 	longest := 0
 	for _, q := range qs {
@@ -133,5 +147,5 @@ func (e *Env) RollRows(ctx context.Context, qs []data.Example, g int, s generate
 // WithPrompt returns an environment sharing e's policy and pool but with
 // another prompt and protocol settings (e.g. no models and no calls).
 func (e *Env) WithPrompt(p *router.Prompt, rc router.Config) *Env {
-	return &Env{Engine: e.Engine, Pool: e.Pool, Prompt: p, Router: rc, prompts: map[string][]int32{}}
+	return &Env{Engine: e.Engine, Pool: e.Pool, Prompt: p, Router: rc, DecodeThreads: e.DecodeThreads, prompts: map[string][]int32{}}
 }

@@ -253,14 +253,7 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 		save := st.Step%tc.CheckpointEvery == 0 || last
 		newBest := false
 		if (tc.ValidateEvery > 0 && st.Step%tc.ValidateEvery == 0) || last {
-			restore, err := DecodeThreads(cfg.Policy.DecodeThreads)
-			if err != nil {
-				return err
-			}
 			v, ok, err := validateShared(ctx, r, env, valSet, cfg.Eval.Batch, st.Step)
-			if rerr := restore(); err == nil {
-				err = rerr
-			}
 			if err != nil {
 				return err
 			}
@@ -350,14 +343,7 @@ func (j *job) step(ctx context.Context) (*stepResult, error) {
 	// 2. G rollouts per question (blocking: decoding on the torch thread,
 	// pool calls fanned out concurrently meanwhile). Rows sample as the
 	// same global rows of one process would.
-	restore, err := DecodeThreads(j.cfg.Policy.DecodeThreads)
-	if err != nil {
-		return nil, err
-	}
 	local, rstats, err := j.rollEnv.RollRows(ctx, qs[qlo:qhi], tc.GroupSize, j.sampling, stepSeed(tc.Seed, step), true, lo)
-	if rerr := restore(); rerr != nil {
-		return nil, rerr
-	}
 	interrupted := false
 	if err != nil {
 		if ctx.Err() == nil {

@@ -190,7 +190,7 @@ func runEval(ctx context.Context, cmd *cli.Command) error {
 	if n := int(cmd.Int("nproc")); n > 1 {
 		return launchLocal(ctx, n, cfg.Dist.Timeout)
 	}
-	if err := rankThreads(cmd, decodingThreads(cfg.Policy), launch); err != nil {
+	if err := rankThreads(cmd, cfg.Policy.Threads, launch); err != nil {
 		return err
 	}
 	// Each rank: its own GPU (policy.device = "cuda") and its share of the
@@ -272,8 +272,10 @@ func splitList(s string) []string {
 	return out
 }
 
-// decodingThreads is the CPU thread count of a command that only decodes
-// (eval, serve): policy.decode_threads when set, else policy.threads.
+// decodingThreads is the CPU thread count of recal serve, which only
+// decodes (and not through Env.Roll, which switches to
+// policy.decode_threads itself): policy.decode_threads when set, else
+// policy.threads.
 func decodingThreads(p config.Policy) int {
 	if p.DecodeThreads > 0 {
 		return p.DecodeThreads
