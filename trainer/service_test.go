@@ -17,6 +17,7 @@ import (
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/internal/hfmodel"
+	"github.com/recal-project/recal/internal/testenv"
 	"github.com/recal-project/recal/llmpool"
 	"github.com/recal-project/recal/router"
 	"github.com/recal-project/recal/tokenizer"
@@ -147,22 +148,9 @@ func searcher(t *testing.T, model string) string {
 // extra pool models.
 func serviceEnv(t *testing.T, ck string, extra []llmpool.ModelConfig, sets ...string) (*trainer.Env, config.Config) {
 	t.Helper()
-	if err := trainer.SetThreads(2); err != nil {
-		t.Fatal(err)
-	}
 	cfg := testConfig(t, ck, append([]string{"router.turn_tokens=24"}, sets...)...)
 	cfg.Pool.Models = append(cfg.Pool.Models, extra...)
-	eng, err := trainer.OpenEngine(ck, torchbridge.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { eng.Close() })
-	env, err := trainer.NewEnv(cfg, eng, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { env.Close() })
-	return env, cfg
+	return testenv.Open(t, ck, cfg), cfg
 }
 
 // startService runs a service until the test ends.

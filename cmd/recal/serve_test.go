@@ -24,6 +24,7 @@ import (
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/eval"
+	"github.com/recal-project/recal/internal/testenv"
 	"github.com/recal-project/recal/internal/testpolicy"
 	"github.com/recal-project/recal/router"
 	"github.com/recal-project/recal/torchbridge"
@@ -353,26 +354,6 @@ func TestServeEndToEnd(t *testing.T) {
 	}
 }
 
-// openEnv loads checkpoint ck on the CPU (2 threads) with cfg's pool and
-// protocol, as recal eval does; both are closed when the test ends.
-func openEnv(t *testing.T, ck string, cfg config.Config) *trainer.Env {
-	t.Helper()
-	if err := trainer.SetThreads(2); err != nil {
-		t.Fatal(err)
-	}
-	eng, err := trainer.OpenEngine(ck, torchbridge.Options{Device: "cpu", DType: "float32"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { eng.Close() })
-	env, err := trainer.NewEnv(cfg, eng, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { env.Close() })
-	return env
-}
-
 // copyCheckpoint is the offline default's starting policy (make train's
 // runs/init/tiny): random, but its copy circuit repeats words of the
 // question, so that different questions get different responses.
@@ -404,7 +385,7 @@ func TestServeMatchesEval(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := openEnv(t, ck, cfg)
+	env := testenv.Open(t, ck, cfg)
 	var want []trainer.QuestionResult
 	for _, q := range questions {
 		// The service shows simulated models the question alone (no id,
@@ -507,7 +488,7 @@ func TestServeMatchesEvalWithPoolCalls(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := openEnv(t, ck, cfg)
+	env := testenv.Open(t, ck, cfg)
 	type call struct{ Model, Query string }
 	type outcome struct {
 		answer, response string
