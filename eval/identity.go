@@ -17,6 +17,7 @@ import (
 
 	"github.com/recal-project/recal/internal/hfmodel"
 	"github.com/recal-project/recal/llmpool"
+	"github.com/recal-project/recal/router"
 )
 
 // A results file holds the answers of one router under one set of inputs.
@@ -65,11 +66,17 @@ var inputParts = map[string]func(s Setup) (any, error){
 		if err != nil {
 			return nil, err
 		}
+		onRepeat := "" // "ban" (or unset), as results made before on_repeat existed
+		if rc.NoRepeatNGram > 0 && rc.OnRepeat == router.OnRepeatClose {
+			onRepeat = rc.OnRepeat
+		}
 		return struct {
 			MaxTurns, TurnTokens, InfoTokens int
 			Prompt                           string
-			NoRepeatNGram                    int `json:",omitempty"`
-		}{rc.MaxTurns, rc.TurnTokens, rc.InfoTokens, tmpl, rc.NoRepeatNGram}, nil
+			NoRepeatNGram                    int    `json:",omitempty"`
+			OnRepeat                         string `json:",omitempty"`
+			Engine                           int    `json:",omitempty"`
+		}{rc.MaxTurns, rc.TurnTokens, rc.InfoTokens, tmpl, rc.NoRepeatNGram, onRepeat, router.EngineVersion}, nil
 	},
 	// pool: the models as configured, less the settings that change how
 	// calls are made but not what they answer.

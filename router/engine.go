@@ -105,6 +105,8 @@ type Engine struct {
 	cfg  Config
 	opt  EngineOptions
 
+	closeToks map[string][]int32 // "</think>", "</search>", "</answer>" encoded
+
 	replies chan reply    // pool calls' results; one in flight per row at most
 	wake    chan struct{} // a submission arrived
 
@@ -172,10 +174,16 @@ func NewEngine(dec Decoder, tok Tokenizer, pool Pool, cfg Config, opt EngineOpti
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("router: engine: %w", err)
 	}
-	if _, ok := dec.(BanDecoder); cfg.NoRepeatNGram > 0 && !ok {
+	if _, ok := dec.(BanDecoder); cfg.NoRepeatNGram > 0 && cfg.OnRepeat != OnRepeatClose && !ok {
 		return nil, fmt.Errorf("router: engine: router.no_repeat_ngram = %d needs a decoder that can ban tokens (%T cannot)", cfg.NoRepeatNGram, dec)
 	}
-	return &Engine{dec: dec, tok: tok, pool: pool, cfg: cfg, opt: opt,
+	closeToks := map[string][]int32{}
+	for _, c := range []string{ThinkClose, SearchClose, AnswerClose} {
+		for _, id := range tok.Encode(c) {
+			closeToks[c] = append(closeToks[c], int32(id))
+		}
+	}
+	return &Engine{dec: dec, tok: tok, pool: pool, cfg: cfg, opt: opt, closeToks: closeToks,
 		replies: make(chan reply, opt.Rows), wake: make(chan struct{}, 1),
 		slots: make([]*Pending, opt.Rows), dirty: make([]bool, opt.Rows), slowest: map[int]time.Duration{}}, nil
 }
@@ -439,13 +447,14 @@ func (e *Engine) extend(ctx context.Context, ps []*Pending, s generate.Sampling,
 	var next []int32
 	var logp []float32
 	var err error
+	var ban [][]int32
 	if n := e.cfg.NoRepeatNGram; n > 0 {
 		// A row's next token is chosen after its feed: the turn's tokens so
 		// far are the last turnToks of its output (a fed <information>
 		// block starts a new turn, turnToks 0). Only the text after the
 		// turn's last tag counts (the tokens after its last '>'): the
 		// protocol's tags repeat themselves ("<think>" … "</think>").
-		ban := make([][]int32, len(ps))
+		ban = make([][]int32, len(ps))
 		for k, p := range ps {
 			turn := p.out.Tokens[len(p.out.Tokens)-p.turnToks:]
 			for i := len(turn) - 1; i >= 0; i-- {
@@ -456,6 +465,9 @@ func (e *Engine) extend(ctx context.Context, ps []*Pending, s generate.Sampling,
 			}
 			ban[k] = RepeatBan(turn, n)
 		}
+	}
+	closeLoops := ban != nil && e.cfg.OnRepeat == OnRepeatClose
+	if ban != nil && !closeLoops {
 		next, logp, err = e.dec.(BanDecoder).ExtendBanned(ctx, rows, toks, s, seed, ban)
 	} else {
 		next, logp, err = e.dec.Extend(ctx, rows, toks, s, seed)
@@ -472,23 +484,38 @@ func (e *Engine) extend(ctx context.Context, ps []*Pending, s generate.Sampling,
 		o := &p.out
 		p.feed = nil
 		t := next[k]
-		o.Tokens = append(o.Tokens, t)
-		o.Mask = append(o.Mask, 1)
-		o.Logp = append(o.Logp, logp[k])
-		p.turnToks++
-		p.policyToks++
-		capped := p.opt.MaxTokens > 0 && p.policyToks >= p.opt.MaxTokens
-		if isIn(t, e.opt.EOS) {
-			o.End = "eos"
-			o.Turns++
-			e.finish(p, nil)
-			continue
-		}
+		// router.on_repeat = "close": a token that would repeat an n-gram
+		// of the open tag is dropped and the environment closes the tag;
+		// a loop outside every tag ends the turn.
+		looped := closeLoops && containsToken(ban[k], t)
+		fed := []int32{t}
 		before := len(p.turnText)
-		p.turnText = append(p.turnText, e.tok.TokenBytes(int(t))...)
+		if closing, text := e.closing(p.turnText); looped && closing != nil {
+			o.Tokens = append(o.Tokens, closing...)
+			o.Mask = append(o.Mask, make([]float32, len(closing))...)
+			o.Logp = append(o.Logp, make([]float32, len(closing))...)
+			o.Closed++
+			p.turnToks += len(closing)
+			p.turnText = append(p.turnText, text...)
+			fed, looped = closing, false // after </think> the turn goes on
+		} else {
+			o.Tokens = append(o.Tokens, t)
+			o.Mask = append(o.Mask, 1)
+			o.Logp = append(o.Logp, logp[k])
+			p.turnToks++
+			p.policyToks++
+			if isIn(t, e.opt.EOS) {
+				o.End = "eos"
+				o.Turns++
+				e.finish(p, nil)
+				continue
+			}
+			p.turnText = append(p.turnText, e.tok.TokenBytes(int(t))...)
+		}
+		capped := p.opt.MaxTokens > 0 && p.policyToks >= p.opt.MaxTokens
 		_, stopped := stopIn(p.turnText, before, stops)
-		if !stopped && !capped && p.turnToks < e.cfg.TurnTokens {
-			p.feed = []int32{t}
+		if !stopped && !capped && !looped && p.turnToks < e.cfg.TurnTokens {
+			p.feed = fed
 			continue
 		}
 		// The turn is over: act on its first complete action.
@@ -506,6 +533,9 @@ func (e *Engine) extend(ctx context.Context, ps []*Pending, s generate.Sampling,
 		case a.Kind == Search && p.callsMade >= p.maxTurns:
 			o.End = "final"
 		case a.Kind == Search:
+			// The turn's last token goes into the cache with the reply's
+			// block: the response the policy is trained on holds it.
+			p.feed = fed
 			e.call(p, a)
 			continue
 		default:
@@ -515,6 +545,28 @@ func (e *Engine) extend(ctx context.Context, ps []*Pending, s generate.Sampling,
 	}
 	return nil
 }
+
+// closing is the closing tag of the tag open at the end of a turn's text
+// (<think>, <search> or <answer>), as tokens and text; nil when none is open.
+func (e *Engine) closing(turn []byte) ([]int32, string) {
+	at, closeTag := -1, ""
+	for _, tag := range [][2]string{{ThinkOpen, ThinkClose}, {SearchOpen, SearchClose}, {AnswerOpen, AnswerClose}} {
+		i := bytes.LastIndex(turn, []byte(tag[0]))
+		if i > at && bytes.LastIndex(turn, []byte(tag[1])) < i {
+			at, closeTag = i, tag[1]
+		}
+	}
+	if at < 0 {
+		return nil, ""
+	}
+	return e.closeToks[closeTag], closeTag
+}
+
+// EngineVersion changes when the engine decodes differently for the same
+// weights and settings; it keys evaluation results (eval's identity), so
+// answers of an older engine are not reused. 1 (unnamed): before
+// 2026-11-23; 2: the KV cache holds each <search> turn's last token.
+const EngineVersion = 2
 
 // call starts the pool call of a <search> turn on its own goroutine.
 func (e *Engine) call(p *Pending, a Action) {
@@ -569,7 +621,7 @@ func (e *Engine) fold(rp reply) {
 	o.Tokens = append(o.Tokens, rp.block...)
 	o.Mask = append(o.Mask, make([]float32, len(rp.block))...)
 	o.Logp = append(o.Logp, make([]float32, len(rp.block))...)
-	p.feed = rp.block
+	p.feed = append(p.feed, rp.block...)
 }
 
 // finish ends a response and frees its row.

@@ -25,7 +25,9 @@ const promptBase = 1 << 20
 // block) starts the next turn, whose text is then emitted token by token.
 // Unlike forced it follows responses rather than rows, and it records what
 // a KV cache would get wrong: a prompt appended to a row that still holds
-// an earlier response (no Reset in between).
+// an earlier response (no Reset in between), or a chosen token that is not
+// the next one fed to its row (the cache would lack a token of the response
+// the policy is trained on).
 type scripted struct {
 	tok     *tokenizer.Tokenizer
 	scripts map[int32][]string
@@ -42,6 +44,7 @@ type scriptRow struct {
 	script []string
 	turn   int
 	queue  []int32
+	chosen int32 // the token last returned for the row; -1 when none
 }
 
 type scriptStep struct {
@@ -68,11 +71,14 @@ func (d *scripted) Extend(_ context.Context, rows []int, toks [][]int32, s gener
 	for k, r := range rows {
 		st := d.rows[r]
 		if st == nil {
-			st = &scriptRow{}
+			st = &scriptRow{chosen: -1}
 			d.rows[r] = st
 		}
 		feed := toks[k]
 		script, isPrompt := d.scripts[feed[0]]
+		if st.chosen >= 0 && feed[0] != st.chosen {
+			d.violations = append(d.violations, fmt.Sprintf("row %d: chosen token %d was never fed (the next feed is %v)", r, st.chosen, feed))
+		}
 		switch {
 		case st.held == 0 && !isPrompt:
 			d.violations = append(d.violations, fmt.Sprintf("row %d: an empty row was fed %v, not a prompt", r, feed))
@@ -95,6 +101,7 @@ func (d *scripted) Extend(_ context.Context, rows []int, toks [][]int32, s gener
 			st.queue = []int32{int32(d.tok.Encode(" x")[0])}
 		}
 		next[k] = st.queue[0]
+		st.chosen = next[k]
 		st.queue = st.queue[1:]
 	}
 	return next, make([]float32, len(rows)), nil

@@ -33,11 +33,27 @@ type Config struct {
 	// otherwise loops ("in the alphabet that does not appear in the
 	// alphabet that ...") until the turn's token limit. 0 = off.
 	NoRepeatNGram int `toml:"no_repeat_ngram"`
+	// OnRepeat is what the n-gram rule does with a token that would repeat
+	// an n-gram inside a tag: "ban" chooses another token (the loop usually
+	// goes on in other words: "never never never Town Town Town ..."),
+	// "close" takes it as the sign that the copy lost its place and writes
+	// the open tag's closing tag (</search>, </answer>, </think>) instead,
+	// so the turn acts on what was written before the loop. Closing tokens
+	// are inserted (mask 0), not the policy's; Sample.Closed counts them.
+	// A loop outside any tag ends the turn. Used only when NoRepeatNGram > 0;
+	// "" is "ban".
+	OnRepeat string `toml:"on_repeat"`
 }
+
+// What router.on_repeat may be.
+const (
+	OnRepeatBan   = "ban"
+	OnRepeatClose = "close"
+)
 
 // DefaultConfig is the paper's protocol.
 func DefaultConfig() Config {
-	return Config{MaxTurns: 3, TurnTokens: 256, InfoTokens: 600, PromptTemplate: "router/prompt.tmpl"}
+	return Config{MaxTurns: 3, TurnTokens: 256, InfoTokens: 600, PromptTemplate: "router/prompt.tmpl", OnRepeat: OnRepeatBan}
 }
 
 // Validate names the first bad key.
@@ -51,6 +67,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("router.info_tokens = %d: must be ≥ 1", c.InfoTokens)
 	case c.NoRepeatNGram < 0 || c.NoRepeatNGram == 1:
 		return fmt.Errorf("router.no_repeat_ngram = %d: must be 0 (off) or ≥ 2", c.NoRepeatNGram)
+	case c.OnRepeat != "" && c.OnRepeat != OnRepeatBan && c.OnRepeat != OnRepeatClose:
+		return fmt.Errorf("router.on_repeat = %q: must be %q or %q", c.OnRepeat, OnRepeatBan, OnRepeatClose)
 	}
 	return nil
 }
@@ -124,6 +142,9 @@ type Sample struct {
 	// "information" (the policy wrote <information> itself, a format failure:
 	// only the environment inserts information blocks).
 	End string
+	// Closed counts the tags that router.on_repeat = "close" closed for the
+	// policy when its copy began to loop.
+	Closed int
 }
 
 // CalledModels lists the pool models actually called, in order.
@@ -175,7 +196,7 @@ func Rollout(ctx context.Context, dec generate.Decoder, tok Tokenizer, pool Pool
 	if len(jobs) == 0 {
 		return []Sample{}, Stats{}, nil
 	}
-	if _, ok := dec.(BanDecoder); cfg.NoRepeatNGram > 0 && !ok {
+	if _, ok := dec.(BanDecoder); cfg.NoRepeatNGram > 0 && cfg.OnRepeat != OnRepeatClose && !ok {
 		return nil, Stats{}, fmt.Errorf("router: rollout: router.no_repeat_ngram = %d needs a decoder that can ban tokens (%T cannot)", cfg.NoRepeatNGram, dec)
 	}
 	e, err := NewEngine(freshRows{dec}, tok, pool, cfg, EngineOptions{Rows: len(jobs), EOS: eos, Seed: seed})

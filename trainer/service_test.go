@@ -102,12 +102,19 @@ const policyHidden = 32
 // protocol written into its weights.
 func searcher(t *testing.T, model string) string {
 	t.Helper()
+	return searcherScaled(t, model, 40)
+}
+
+// searcherScaled is searcher whose chain's logits are scale above the
+// rest: a smaller scale leaves the log-probs unsaturated, so they show
+// what the rest of the context contributes.
+func searcherScaled(t *testing.T, model string, scale float64) string {
+	t.Helper()
 	tok, err := tokenizer.Load("../tokenizer/qwen2.5")
 	if err != nil {
 		t.Fatal(err)
 	}
 	return writePolicy(t, 0.5, func(get func(string) []float32, set func(string, []float32)) {
-		const scale = 40.0
 		for _, n := range []string{"model.layers.0.self_attn.o_proj.weight", "model.layers.0.mlp.down_proj.weight"} {
 			set(n, make([]float32, len(get(n))))
 		}

@@ -20,6 +20,9 @@ type Score struct {
 	// formed scored 0: what checkpoints/best is chosen by (train.keep_best),
 	// so that a policy whose format collapsed is not kept for its answers.
 	F1WellFormed float64 `json:"f1_well_formed"`
+	// Closed is the share of responses with a tag that router.on_repeat =
+	// "close" closed when the policy's copy began to loop.
+	Closed float64 `json:"closed,omitempty"`
 }
 
 // ValidationResult is one line of validation.jsonl.
@@ -39,6 +42,7 @@ type QuestionResult struct {
 	EM         float64       `json:"em"`
 	F1         float64       `json:"f1"`
 	WellFormed bool          `json:"well_formed"`
+	Closed     int           `json:"closed,omitempty"` // tags router.on_repeat = "close" closed
 	Calls      []router.Call `json:"calls"`
 	Cost       float64       `json:"cost"`
 	Response   string        `json:"response"`
@@ -59,7 +63,7 @@ func Answer(ctx context.Context, env *Env, qs []data.Example, batch int) ([]Ques
 			ans, _ := router.LastAnswer(s.Text)
 			r := QuestionResult{ID: q.ID, Dataset: q.Dataset, Question: q.Question, Golden: q.Golden, Answer: ans,
 				EM: data.ExactMatch(ans, q.Golden), F1: data.F1(ans, q.Golden), WellFormed: router.WellFormed(s.Text, env.Known),
-				Calls: s.Calls, Response: s.Text}
+				Closed: s.Closed, Calls: s.Calls, Response: s.Text}
 			for _, c := range s.Calls {
 				r.Cost += c.Cost
 			}
@@ -85,12 +89,15 @@ func Summarize(results []QuestionResult) (map[string]Score, Score) {
 		if r.WellFormed {
 			s.WellFormed++
 		}
+		if r.Closed > 0 {
+			s.Closed++
+		}
 		per[r.Dataset] = s
 	}
 	var avg Score
 	for k, s := range per {
 		n := float64(s.N)
-		s.EM, s.F1, s.Calls, s.WellFormed, s.F1WellFormed = s.EM/n, s.F1/n, s.Calls/n, s.WellFormed/n, s.F1WellFormed/n
+		s.EM, s.F1, s.Calls, s.WellFormed, s.F1WellFormed, s.Closed = s.EM/n, s.F1/n, s.Calls/n, s.WellFormed/n, s.F1WellFormed/n, s.Closed/n
 		per[k] = s
 		avg.EM += s.EM
 		avg.F1 += s.F1
@@ -98,10 +105,11 @@ func Summarize(results []QuestionResult) (map[string]Score, Score) {
 		avg.Calls += s.Calls
 		avg.Cost += s.Cost
 		avg.WellFormed += s.WellFormed
+		avg.Closed += s.Closed
 		avg.N += s.N
 	}
 	if d := float64(len(per)); d > 0 {
-		avg.EM, avg.F1, avg.Calls, avg.WellFormed, avg.F1WellFormed = avg.EM/d, avg.F1/d, avg.Calls/d, avg.WellFormed/d, avg.F1WellFormed/d
+		avg.EM, avg.F1, avg.Calls, avg.WellFormed, avg.F1WellFormed, avg.Closed = avg.EM/d, avg.F1/d, avg.Calls/d, avg.WellFormed/d, avg.F1WellFormed/d, avg.Closed/d
 	}
 	return per, avg
 }
