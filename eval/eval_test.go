@@ -308,3 +308,30 @@ func TestCheckpointDigest(t *testing.T) {
 		t.Error("a folder without weights has a digest")
 	}
 }
+
+// The text table says how many responses had a tag closed by
+// router.on_repeat = "close", per router that had any, and says nothing
+// when none had.
+func TestTextNamesClosedShare(t *testing.T) {
+	row := func(name string, closed float64) eval.Row {
+		sc := trainer.Score{EM: 0.5, F1: 0.5, N: 4, WellFormed: 1, Closed: closed}
+		return eval.Row{Router: name, Datasets: map[string]trainer.Score{"nq": sc}, Avg: sc}
+	}
+	for _, c := range []struct {
+		rows []eval.Row
+		want string
+	}{
+		{[]eval.Row{row("policy", 0.25), row("knn", 0)}, `responses with a looping tag closed by router.on_repeat = "close" (well-formed counts them): policy 0.250` + "\n"},
+		{[]eval.Row{row("policy", 0.25), row("sft", 0.5)}, "policy 0.250, sft 0.500\n"},
+		{[]eval.Row{row("policy", 0), row("knn", 0)}, ""},
+	} {
+		got := tableText(eval.Table{Datasets: []string{"nq"}, Rows: c.rows})
+		if c.want == "" {
+			if strings.Contains(got, "closed by") {
+				t.Errorf("no response closed, yet the table says:\n%s", got)
+			}
+		} else if !strings.HasSuffix(got, c.want) {
+			t.Errorf("table ends\n%s\nwant it to end %q", got[max(0, len(got)-200):], c.want)
+		}
+	}
+}

@@ -139,6 +139,7 @@ func Run(ctx context.Context, s Setup, qs []data.Example, routers []string, outD
 			row.Avg.Calls += sc.Calls / float64(len(t.Datasets))
 			row.Avg.WellFormed += sc.WellFormed / float64(len(t.Datasets))
 			row.Avg.F1WellFormed += sc.F1WellFormed / float64(len(t.Datasets))
+			row.Avg.Closed += sc.Closed / float64(len(t.Datasets))
 			row.Avg.Cost += sc.Cost
 			row.Avg.N += sc.N
 		}
@@ -211,10 +212,23 @@ func (t Table) Text(w io.Writer) {
 		}
 	}
 	fmt.Fprintf(w, "\n%-10s %14s %12s %12s %8s\n", "router", "calls/question", "cost (USD)", "well-formed", "n")
+	closed := false
 	for _, r := range t.Rows {
 		fmt.Fprintf(w, "%-10s %14.2f %12.4f %12.3f %8d\n", r.Router, r.Avg.Calls, r.Avg.Cost, r.Avg.WellFormed, r.Avg.N)
+		closed = closed || r.Avg.Closed > 0
 	}
 	fmt.Fprintln(w, "\n* in-domain (trained on); the other datasets are out-of-domain")
+	if closed {
+		fmt.Fprint(w, "responses with a looping tag closed by router.on_repeat = \"close\" (well-formed counts them):")
+		sep := " "
+		for _, r := range t.Rows {
+			if r.Avg.Closed > 0 {
+				fmt.Fprintf(w, "%s%s %.3f", sep, r.Router, r.Avg.Closed)
+				sep = ", "
+			}
+		}
+		fmt.Fprintln(w)
+	}
 }
 
 // Markdown renders the EM and F1 tables as Markdown.
