@@ -59,13 +59,7 @@ func (l *looping) Extend(ctx context.Context, rows []int, toks [][]int32, s gene
 }
 
 func (l *looping) ExtendBanned(_ context.Context, rows []int, toks [][]int32, _ generate.Sampling, _ uint64, ban [][]int32) ([]int32, []float32, error) {
-	enc := func(s string) []int32 {
-		var out []int32
-		for _, id := range l.tok.Encode(s) {
-			out = append(out, int32(id))
-		}
-		return out
-	}
+	enc := func(s string) []int32 { return toInt32(l.tok.Encode(s)) }
 	next := make([]int32, len(rows))
 	for k, r := range rows {
 		if len(toks[k]) > 1 { // the prompt
@@ -139,13 +133,7 @@ type stubborn struct {
 	fed                 map[int][]int32
 }
 
-func (d *stubborn) enc(s string) []int32 {
-	var out []int32
-	for _, id := range d.tok.Encode(s) {
-		out = append(out, int32(id))
-	}
-	return out
-}
+func (d *stubborn) enc(s string) []int32 { return toInt32(d.tok.Encode(s)) }
 
 func (d *stubborn) Extend(_ context.Context, rows []int, toks [][]int32, _ generate.Sampling, _ uint64) ([]int32, []float32, error) {
 	next := make([]int32, len(rows))

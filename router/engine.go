@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -174,14 +175,12 @@ func NewEngine(dec Decoder, tok Tokenizer, pool Pool, cfg Config, opt EngineOpti
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("router: engine: %w", err)
 	}
-	if _, ok := dec.(BanDecoder); cfg.NoRepeatNGram > 0 && cfg.OnRepeat != OnRepeatClose && !ok {
+	if _, ok := dec.(BanDecoder); cfg.bans() && !ok {
 		return nil, fmt.Errorf("router: engine: router.no_repeat_ngram = %d needs a decoder that can ban tokens (%T cannot)", cfg.NoRepeatNGram, dec)
 	}
 	closeToks := map[string][]int32{}
 	for _, c := range []string{ThinkClose, SearchClose, AnswerClose} {
-		for _, id := range tok.Encode(c) {
-			closeToks[c] = append(closeToks[c], int32(id))
-		}
+		closeToks[c] = toInt32(tok.Encode(c))
 	}
 	return &Engine{dec: dec, tok: tok, pool: pool, cfg: cfg, opt: opt, closeToks: closeToks,
 		replies: make(chan reply, opt.Rows), wake: make(chan struct{}, 1),
@@ -466,7 +465,7 @@ func (e *Engine) extend(ctx context.Context, ps []*Pending, s generate.Sampling,
 			ban[k] = RepeatBan(turn, n)
 		}
 	}
-	closeLoops := ban != nil && e.cfg.OnRepeat == OnRepeatClose
+	closeLoops := ban != nil && !e.cfg.bans()
 	if ban != nil && !closeLoops {
 		next, logp, err = e.dec.(BanDecoder).ExtendBanned(ctx, rows, toks, s, seed, ban)
 	} else {
@@ -490,14 +489,20 @@ func (e *Engine) extend(ctx context.Context, ps []*Pending, s generate.Sampling,
 		looped := closeLoops && containsToken(ban[k], t)
 		fed := []int32{t}
 		before := len(p.turnText)
-		if closing, text := e.closing(p.turnText); looped && closing != nil {
+		var closing []int32
+		var closeTag string
+		if looped {
+			closing, closeTag = e.closing(p.turnText)
+		}
+		if closing != nil {
 			o.Tokens = append(o.Tokens, closing...)
 			o.Mask = append(o.Mask, make([]float32, len(closing))...)
 			o.Logp = append(o.Logp, make([]float32, len(closing))...)
 			o.Closed++
 			p.turnToks += len(closing)
-			p.turnText = append(p.turnText, text...)
-			fed, looped = closing, false // after </think> the turn goes on
+			p.turnText = append(p.turnText, closeTag...)
+			// its own copy: fold appends the reply block to the feed
+			fed, looped = slices.Clone(closing), false // after </think> the turn goes on
 		} else {
 			o.Tokens = append(o.Tokens, t)
 			o.Mask = append(o.Mask, 1)

@@ -56,6 +56,10 @@ func DefaultConfig() Config {
 	return Config{MaxTurns: 3, TurnTokens: 256, InfoTokens: 600, PromptTemplate: "router/prompt.tmpl", OnRepeat: OnRepeatBan}
 }
 
+// bans reports whether the n-gram rule bans tokens, which needs a
+// BanDecoder ("close" needs none).
+func (c Config) bans() bool { return c.NoRepeatNGram > 0 && c.OnRepeat != OnRepeatClose }
+
 // Validate names the first bad key.
 func (c Config) Validate() error {
 	switch {
@@ -196,7 +200,7 @@ func Rollout(ctx context.Context, dec generate.Decoder, tok Tokenizer, pool Pool
 	if len(jobs) == 0 {
 		return []Sample{}, Stats{}, nil
 	}
-	if _, ok := dec.(BanDecoder); cfg.NoRepeatNGram > 0 && cfg.OnRepeat != OnRepeatClose && !ok {
+	if _, ok := dec.(BanDecoder); cfg.bans() && !ok {
 		return nil, Stats{}, fmt.Errorf("router: rollout: router.no_repeat_ngram = %d needs a decoder that can ban tokens (%T cannot)", cfg.NoRepeatNGram, dec)
 	}
 	e, err := NewEngine(freshRows{dec}, tok, pool, cfg, EngineOptions{Rows: len(jobs), EOS: eos, Seed: seed})
