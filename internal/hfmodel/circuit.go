@@ -34,11 +34,22 @@ import (
 // For the tiny preset (random MLPs left in), its most likely next token
 // continues the repeat of a random 24-token span 97% of the time (the small
 // preset: 61%, its two further random layers adding noise); at random init,
-// at chance. Where a span holds a token twice, the copy may jump to the
-// wrong occurrence and then loop ("name was long name was long …"); the
-// warm-up teaches the policy to avoid most such loops, not all. (Matching
-// the two previous tokens instead, with a second previous-token head, made
-// the warm-up learn worse.)
+// at chance. Where the context holds a token twice, the match alone cannot
+// tell the occurrences apart: "," in a reply's "Madison, Wisconsin" also
+// follows words of the prompt, and the copy could jump there. Layer 1
+// therefore also prefers nearer positions (a rotary recency bias): the
+// reply's answer is the most recent occurrence of what the answer turn
+// copies, and the question (in the prompt) is nearer to the sub-query than
+// the prompt's instructions are. On 800 answer turns of a trained policy's
+// eval responses (each followed by the reply's answer), the freshly
+// initialised policy continues the answer with p > 1/2 for 90% of its
+// tokens (69% of whole answers) with the bias and 73% (36%) without; for
+// the question copied into a sub-query, 82% (20%) against 74% (5%). A
+// stronger bias copies answers better still but loops in the sub-query
+// (its own copied words are then nearer than the question's). Where a span
+// holds a token twice, the copy may still jump to the wrong occurrence and
+// loop ("name was long name was long …"). (Matching the two previous tokens
+// instead, with a second previous-token head, made the warm-up learn worse.)
 func CopyCircuit(c *Config, w map[string][]float32, seed uint64) error {
 	H := int(c.HiddenSize)
 	nh, nkv := int(c.NumAttentionHeads), int(c.NumKeyValueHeads)
@@ -74,6 +85,11 @@ func CopyCircuit(c *Config, w map[string][]float32, seed uint64) error {
 		sigE  = 0.2 // embedding scale: sharp copies through the tied head, above the random layers' outputs
 		bias  = 4.0 // layer 0's positional q/k bias per rotary pair
 		match = 3.0 // layer 1's q and k weights
+		// Layer 1's recency bias: a q and k bias on the rotary pair of
+		// frequency nearest recencyFreq (period about 470 tokens), so the
+		// bias falls monotonically over the distances a response spans.
+		recency     = 6.0
+		recencyFreq = 1.0 / 75
 	)
 	rmsE := sigE * math.Sqrt(float64(A)/float64(H)) // rms of an embedding row over the stream
 	rng := rand.New(rand.NewPCG(seed, 0x636f7079))
@@ -168,6 +184,12 @@ func CopyCircuit(c *Config, w map[string][]float32, seed uint64) error {
 	for j := hd / 4; j < hd/2; j++ {
 		slow = append(slow, j+hd/2)
 	}
+	r := 0 // the fast rotary pair (not in slow) whose frequency is nearest recencyFreq
+	for j := range hd / 4 {
+		if math.Abs(math.Log(freq[j]/recencyFreq)) < math.Abs(math.Log(freq[r]/recencyFreq)) {
+			r = j
+		}
+	}
 	for g := range nkv {
 		h := g * rep
 		zeroRows(q, h*hd, (h+1)*hd, H)
@@ -183,6 +205,11 @@ func CopyCircuit(c *Config, w map[string][]float32, seed uint64) error {
 			v[(g*hd+i)*H+g*hd+i] = 1
 			o[(g*hd+i)*(nh*hd)+h*hd+i] = float32(4 * rmsE)
 		}
+		// Recency: q·k gains recency² cos(freq_r · distance) on a rotary
+		// pair the match leaves free, so of two matching positions the
+		// nearer one wins.
+		qb[h*hd+r] = recency
+		kb[g*hd+r] = recency
 	}
 	return nil
 }
