@@ -354,31 +354,21 @@ func TestServeEndToEnd(t *testing.T) {
 	}
 }
 
-// copyCheckpoint is the offline default's starting policy (make train's
-// runs/init/tiny): random, but its copy circuit repeats words of the
-// question, so that different questions get different responses.
-func copyCheckpoint(t *testing.T) string {
-	t.Helper()
-	dir := filepath.Join(t.TempDir(), "tiny")
-	code, _, stderr := runCLI(t, "--threads", "2", "policy", "init", "--preset", "tiny", "--tokenizer", "../../tokenizer/qwen2.5",
-		"--out", dir, "--seed", "0", "--trim-corpus", "../../data/qa", "--trim-corpus", "../../router", "--trim-corpus", "../../recal.toml",
-		"--trim-vocab", "4000", "--copy-circuit")
-	if code != 0 {
-		t.Fatalf("policy init: exit %d: %s", code, stderr)
-	}
-	return dir
-}
-
 // At temperature 0 the server answers exactly as recal eval's policy router
 // does for the same checkpoint, pool and question.
 func TestServeMatchesEval(t *testing.T) {
-	ck := copyCheckpoint(t)
+	ck, err := filepath.Abs(servePolicy) // it copies each question into its sub-query: responses differ per question
+	if err != nil {
+		t.Fatal(err)
+	}
 	questions := []string{"where does no game no life anime end?", "what languages are spoken in india the most?",
 		"who wrote old flames cant hold a candle to you?", "Who wrote Hamlet?"}
+	// Turns long enough to reach the sub-query, where the questions differ.
+	args := append(append([]string(nil), serveSets...), "--set", "router.turn_tokens=40")
 	sets := []string{"policy.checkpoint=" + ck, "policy.threads=2"}
-	for i := 0; i+1 < len(serveSets); i += 2 {
-		if strings.HasPrefix(serveSets[i+1], "router.") {
-			sets = append(sets, serveSets[i+1])
+	for i := 0; i+1 < len(args); i += 2 {
+		if strings.HasPrefix(args[i+1], "router.") {
+			sets = append(sets, args[i+1])
 		}
 	}
 	cfg, err := config.Load("../../recal.toml", sets)
@@ -411,7 +401,7 @@ func TestServeMatchesEval(t *testing.T) {
 	if len(distinct) < 2 {
 		t.Fatalf("the policy answers every question alike (%q): the comparison would not tell questions apart", want[0].Response)
 	}
-	p := startServe(t, append([]string{"--checkpoint", ck}, serveSets...)...)
+	p := startServe(t, append([]string{"--checkpoint", ck}, args...)...)
 	for i, q := range questions {
 		resp, body := p.post(t, question(q, `"temperature":0`))
 		var c struct {

@@ -33,7 +33,7 @@ import (
 //
 // For the tiny preset (random MLPs left in), its most likely next token
 // continues the repeat of a random 24-token span 97% of the time (the small
-// preset: 61%, its two further random layers adding noise); at random init,
+// preset: 57%, its two further random layers adding noise); at random init,
 // at chance. Where the context holds a token twice, the match alone cannot
 // tell the occurrences apart: "," in a reply's "Madison, Wisconsin" also
 // follows words of the prompt, and the copy could jump there. Layer 1
