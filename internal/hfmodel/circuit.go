@@ -86,8 +86,10 @@ func CopyCircuit(c *Config, w map[string][]float32, seed uint64) error {
 		bias  = 4.0 // layer 0's positional q/k bias per rotary pair
 		match = 3.0 // layer 1's q and k weights
 		// Layer 1's recency bias: a q and k bias on the rotary pair of
-		// frequency nearest recencyFreq (period about 470 tokens), so the
-		// bias falls monotonically over the distances a response spans.
+		// frequency nearest recencyFreq (period about 470 tokens): the bias
+		// falls monotonically with distance up to π/recencyFreq ≈ 236
+		// tokens, then rises again (a position that far back gains little
+		// over one further still).
 		recency     = 6.0
 		recencyFreq = 1.0 / 75
 	)
