@@ -69,7 +69,7 @@ GOENV = CGO_CFLAGS="-O2 -DRECAL_LIB=$$(sha1sum $(LIB) | cut -c1-16)" CGO_LDFLAGS
 # Pure-Go packages: they build and test without cgo or libtorch.
 PURE_PKGS := $(foreach d,internal/hfmodel config generate tokenizer data llmpool router calibration plot dist serve embed baselines ablate,$(if $(wildcard $(d)),./$(d)/...))
 
-.PHONY: all build deps test test-pure bench train clean fixtures e2e-serve
+.PHONY: all build lib deps test test-pure bench train clean fixtures e2e-serve
 
 all: build
 
@@ -89,7 +89,11 @@ build/recal_dist.o: cgo/recal_dist.cc cgo/recal.h cgo/recal_internal.h
 	@mkdir -p build
 	$(CXX) $(CXXFLAGS_BRIDGE) $(DIST_DEFS) -c $< -o $@
 
-build: deps $(LIB)
+# lib builds the bridge's library, its two objects at once (20-30 s each).
+lib: deps
+	@$(MAKE) --no-print-directory -j2 $(LIB)
+
+build: lib
 	$(GOENV) $(GO) build -o bin/recal ./cmd/recal
 
 # test: vet, every test, then the race detector over the pure-Go packages,
@@ -97,7 +101,7 @@ build: deps $(LIB)
 # 2 minutes on 2 cores). baselines is left out of the race run: its fitting
 # starts no goroutine, and its learning tests take many minutes under -race.
 RACE_PKGS := $(filter-out ./baselines/...,$(PURE_PKGS))
-test: deps $(LIB)
+test: lib
 	CGO_ENABLED=0 $(GO) vet $(PURE_PKGS)
 	CGO_ENABLED=0 $(GO) build $(PURE_PKGS)
 	$(GOENV) $(GO) vet ./...
@@ -113,7 +117,7 @@ bench: build $(INIT)
 # The official OpenAI SDK (npm package openai, pinned in scripts/e2e) drives
 # a real `recal serve`: plain, streamed and restricted requests. Needs node
 # and npm; `make test` runs the same test (it installs the package itself).
-e2e-serve: deps $(LIB)
+e2e-serve: lib
 	cd scripts/e2e && npm ci --no-audit --no-fund
 	$(GOENV) $(GO) test -count=1 -v -run '^TestServeOpenAISDK$$' ./cmd/recal
 
