@@ -249,6 +249,15 @@ type Policy struct {
 	// (once in 20 GRPO steps of the tiny policy), so a resume may not
 	// change it.
 	DecodeThreads int `toml:"decode_threads"`
+	// RolloutWorkers is the number of OS threads that decode a training
+	// rollout's rows at once (GRPO and PPO), each on one libtorch thread,
+	// when the rollouts decode on one thread (decode_threads = 1) on the
+	// CPU; 0 = the process's CPU threads (threads, shared among the ranks
+	// on a machine), 1 = none. With log-probs asked for, a row's result does
+	// not depend on the rows sharing its decode call, so the count changes
+	// no bit of a run, only its speed: on one thread the tiny policy's
+	// rollouts leave the second core of the 2-core VM idle.
+	RolloutWorkers int `toml:"rollout_workers"`
 }
 
 // Default returns the configuration every file starts from.
@@ -372,6 +381,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Policy.Threads < 0 {
 		return fmt.Errorf("policy.threads = %d: must be ≥ 0", c.Policy.Threads)
+	}
+	if c.Policy.RolloutWorkers < 0 {
+		return fmt.Errorf("policy.rollout_workers = %d: must be ≥ 0", c.Policy.RolloutWorkers)
 	}
 	if c.Policy.DecodeThreads < 0 {
 		return fmt.Errorf("policy.decode_threads = %d: must be ≥ 0", c.Policy.DecodeThreads)

@@ -5,7 +5,9 @@
 //
 // All torch work runs on one goroutine locked to an OS thread, so concurrent
 // Go callers never interleave libtorch's thread-local state (grad mode,
-// guards). Handles are freed by Close, never by finalizers.
+// guards); only a row-parallel Cache.Extend (Step.Workers) has helper
+// threads decode shares of its rows meanwhile. Handles are freed by Close,
+// never by finalizers.
 package torchbridge
 
 /*
@@ -55,6 +57,39 @@ func startWorker() {
 			fn()
 		}
 	}()
+}
+
+// Helper threads: Cache.Extend hands the shares of a row-parallel call
+// (Step.Workers) after the first to them, while the torch thread, which
+// runs the first share, waits for them. Each is a goroutine locked to its
+// OS thread, started on first use, set to one libtorch thread; they only
+// ever run such shares, each while the torch thread is held.
+var (
+	helpersMu sync.Mutex
+	helpers   []chan func(setup error)
+)
+
+// helper returns the queue of helper thread i. A job gets the error of the
+// thread's set-up (nil when it can run).
+func helper(i int) chan func(setup error) {
+	helpersMu.Lock()
+	defer helpersMu.Unlock()
+	for len(helpers) <= i {
+		ch := make(chan func(error))
+		go func() {
+			runtime.LockOSThread()
+			// Started by a share, which runs only while the torch thread
+			// runs one libtorch thread: the process-wide counts this also
+			// sets are 1 already.
+			var msg *C.char
+			setup := status(C.rc_set_threads(1, &msg), msg)
+			for fn := range ch {
+				fn(setup)
+			}
+		}()
+		helpers = append(helpers, ch)
+	}
+	return helpers[i]
 }
 
 // do runs fn on the torch thread and waits for it. A ctx cancelled before fn

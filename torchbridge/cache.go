@@ -8,7 +8,9 @@ import "C"
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
 	"unsafe"
 )
 
@@ -118,6 +120,17 @@ type Step struct {
 	// that must not be chosen, greedy or sampled; Logp stays the
 	// log-probability under the distribution without the ban.
 	Ban [][]int32
+	// Workers > 1 lets a call with WantLogp on the CPU, made while
+	// libtorch runs one thread (SetThreads(1)), decode its rows in up to
+	// Workers shares at once: the torch thread takes the first, helper
+	// threads (one libtorch thread each) the others. With log-probs asked
+	// for, a row's result does not depend on the rows sharing its call
+	// (row-invariant kernels, see cgo/recal.cc), so the split changes no
+	// bit of any result, only the wall time. Otherwise, and for one row,
+	// the call runs whole on the torch thread. A share that fails may
+	// leave the other shares' rows extended: the call's error is then the
+	// cache's end (the rollout engine stops on it).
+	Workers int
 }
 
 // Result holds the token sampled after each row's last new token, its
@@ -127,6 +140,9 @@ type Result struct {
 	Next   []int32
 	Logp   []float32
 	Logits [][]float32
+	// Workers is the number of threads that decoded the call's rows at
+	// once (1 unless Step.Workers split it).
+	Workers int
 }
 
 // Extend appends tokens to rows and samples each row's next token.
@@ -135,21 +151,97 @@ func (c *Cache) Extend(ctx context.Context, s Step) (Result, error) {
 	if n == 0 || len(s.Tokens) != n {
 		return Result{}, fmt.Errorf("torchbridge: extend: %d rows with %d token lists", n, len(s.Tokens))
 	}
-	width := 0
 	for i, t := range s.Tokens {
 		if len(t) == 0 {
 			return Result{}, fmt.Errorf("torchbridge: extend: row %d: no tokens", s.Rows[i])
 		}
-		width = max(width, len(t))
+	}
+	if s.Ban != nil {
+		if len(s.Ban) != n {
+			return Result{}, fmt.Errorf("torchbridge: extend: %d rows with %d ban lists", n, len(s.Ban))
+		}
+		for i, b := range s.Ban {
+			for _, t := range b {
+				if t < 0 || int(t) >= c.vocab {
+					return Result{}, fmt.Errorf("torchbridge: extend: row %d: banned token %d outside the vocabulary (%d)", s.Rows[i], t, c.vocab)
+				}
+			}
+		}
+	}
+	res := Result{Next: make([]int32, n), Logp: make([]float32, n), Workers: 1}
+	if s.WantLogits {
+		res.Logits = make([][]float32, n)
+	}
+	all := make([]int, n)
+	for i := range all {
+		all[i] = i
+	}
+	err := c.call(ctx, func(h *C.rc_cache) error {
+		shares := [][]int{all}
+		if s.WantLogp && s.Workers > 1 && n > 1 && c.p.opt.Device == "cpu" {
+			var one C.int32_t
+			var msg *C.char
+			if err := status(C.rc_get_threads(&one, &msg), msg); err != nil {
+				return err
+			}
+			if one == 1 {
+				shares = split(all, min(s.Workers, n))
+			}
+		}
+		res.Workers = len(shares)
+		if len(shares) == 1 {
+			return c.extendRows(h, s, all, &res)
+		}
+		// The torch thread is held until every share is done, so nothing
+		// (Close included) can come between.
+		errs := make([]error, len(shares))
+		var wg sync.WaitGroup
+		for k := 1; k < len(shares); k++ {
+			wg.Add(1)
+			helper(k - 1) <- func(setup error) {
+				defer wg.Done()
+				if errs[k] = setup; setup == nil {
+					errs[k] = c.extendRows(h, s, shares[k], &res)
+				}
+			}
+		}
+		errs[0] = c.extendRows(h, s, shares[0], &res)
+		wg.Wait()
+		return errors.Join(errs...)
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	return res, nil
+}
+
+// split deals idx into k contiguous shares of nearly equal size.
+func split(idx []int, k int) [][]int {
+	out := make([][]int, k)
+	for j := range out {
+		out[j] = idx[j*len(idx)/k : (j+1)*len(idx)/k]
+	}
+	return out
+}
+
+// extendRows runs the rows idx of s (indices into s.Rows) in one C call,
+// on the calling OS thread, and writes their results into res.
+func (c *Cache) extendRows(h *C.rc_cache, s Step, idx []int, res *Result) error {
+	n := len(idx)
+	width := 0
+	for _, i := range idx {
+		width = max(width, len(s.Tokens[i]))
 	}
 	tok := make([]int32, n*width)
 	counts := make([]int64, n)
-	for i, t := range s.Tokens {
-		copy(tok[i*width:], t)
-		counts[i] = int64(len(t))
+	rows := make([]int64, n)
+	for k, i := range idx {
+		copy(tok[k*width:], s.Tokens[i])
+		counts[k] = int64(len(s.Tokens[i]))
+		rows[k] = int64(s.Rows[i])
 	}
-	rows := int64s(s.Rows)
-	res := Result{Next: make([]int32, n), Logp: make([]float32, n)}
+	next := make([]int32, n)
+	logp := make([]float32, n)
 	var logits []float32
 	if s.WantLogits {
 		logits = make([]float32, n*c.vocab)
@@ -159,25 +251,11 @@ func (c *Cache) Extend(ctx context.Context, s Step) (Result, error) {
 	if s.WantLogp {
 		so.want_logp = 1
 	}
-	var ban []int32
-	var banCounts []int64
 	if s.Ban != nil {
-		if len(s.Ban) != n {
-			return Result{}, fmt.Errorf("torchbridge: extend: %d rows with %d ban lists", n, len(s.Ban))
+		var ban []int32
+		for _, i := range idx {
+			ban = append(ban, s.Ban[i]...)
 		}
-		banCounts = make([]int64, n)
-		for i, b := range s.Ban {
-			for _, t := range b {
-				if t < 0 || int(t) >= c.vocab {
-					return Result{}, fmt.Errorf("torchbridge: extend: row %d: banned token %d outside the vocabulary (%d)", s.Rows[i], t, c.vocab)
-				}
-			}
-			ban = append(ban, b...)
-			banCounts[i] = int64(len(b))
-		}
-	}
-	err := c.call(ctx, func(h *C.rc_cache) error {
-		var msg *C.char
 		if len(ban) > 0 {
 			// so is Go memory, so it must not hold Go pointers (cgo's
 			// rules): the lists are copied to C memory for the call.
@@ -186,21 +264,24 @@ func (c *Cache) Extend(ctx context.Context, s Step) (Result, error) {
 			defer C.free(unsafe.Pointer(cb))
 			defer C.free(unsafe.Pointer(cc))
 			copy(unsafe.Slice((*int32)(unsafe.Pointer(cb)), len(ban)), ban)
-			copy(unsafe.Slice((*int64)(unsafe.Pointer(cc)), n), banCounts)
+			bc := unsafe.Slice((*int64)(unsafe.Pointer(cc)), n)
+			for k, i := range idx {
+				bc[k] = int64(len(s.Ban[i]))
+			}
 			so.ban, so.ban_counts = cb, cc
 		}
-		rc := C.rc_cache_extend(h, C.int64_t(n), ptrI64(rows), C.int64_t(width), ptrI32(tok), ptrI64(counts), &so,
-			C.uint64_t(s.Seed), ptrI32(res.Next), ptrF32(res.Logp), ptrF32(logits), &msg)
-		return status(rc, msg)
-	})
-	if err != nil {
-		return Result{}, err
 	}
-	if logits != nil {
-		res.Logits = make([][]float32, n)
-		for i := range res.Logits {
-			res.Logits[i] = logits[i*c.vocab : (i+1)*c.vocab]
+	var msg *C.char
+	rc := C.rc_cache_extend(h, C.int64_t(n), ptrI64(rows), C.int64_t(width), ptrI32(tok), ptrI64(counts), &so,
+		C.uint64_t(s.Seed), ptrI32(next), ptrF32(logp), ptrF32(logits), &msg)
+	if err := status(rc, msg); err != nil {
+		return err
+	}
+	for k, i := range idx {
+		res.Next[i], res.Logp[i] = next[k], logp[k]
+		if logits != nil {
+			res.Logits[i] = logits[k*c.vocab : (k+1)*c.vocab]
 		}
 	}
-	return res, nil
+	return nil
 }

@@ -533,7 +533,7 @@ func TestLogpIndependentOfBatching(t *testing.T) {
 		prompts = append(prompts, randomSeq(r, n, 4032))
 	}
 	s := torchbridge.Sampling{Temperature: 1}
-	decode := func(groups [][]int, logp bool) [][][]float32 {
+	decode := func(groups [][]int, logp bool, workers int) [][][]float32 {
 		c, err := p.NewCache(len(prompts), 64)
 		if err != nil {
 			t.Fatal(err)
@@ -543,13 +543,16 @@ func TestLogpIndependentOfBatching(t *testing.T) {
 		feed := append([][]int32{}, prompts...)
 		for step := 0; step < 8; step++ {
 			for _, g := range groups {
-				st := torchbridge.Step{Rows: g, Sampling: s, Seed: 5, WantLogp: logp, WantLogits: true}
+				st := torchbridge.Step{Rows: g, Sampling: s, Seed: 5, WantLogp: logp, WantLogits: true, Workers: workers}
 				for _, row := range g {
 					st.Tokens = append(st.Tokens, feed[row])
 				}
 				res, err := c.Extend(ctx, st)
 				if err != nil {
 					t.Fatal(err)
+				}
+				if want := min(max(workers, 1), len(g)); res.Workers != want && !strings.HasPrefix(testDevice, "cuda") {
+					t.Fatalf("%d rows with Workers %d ran on %d threads, want %d", len(g), workers, res.Workers, want)
 				}
 				for k, row := range g {
 					out[row] = append(out[row], append(append([]float32{}, res.Logits[k]...), res.Logp[k]))
@@ -566,9 +569,27 @@ func TestLogpIndependentOfBatching(t *testing.T) {
 		"gapped":   {{0, 2, 4, 6}, {3, 1, 5, 7}},
 		"equal":    {{5, 7, 0}, {1, 6}, {2, 3, 4}},
 	}
-	ref := decode(compositions["together"], true)
-	for _, name := range []string{"alone", "pairs", "gapped", "equal"} {
-		got := decode(compositions[name], true)
+	ref := decode(compositions["together"], true, 1)
+	threads, err := torchbridge.Threads()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer torchbridge.SetThreads(threads)
+	for _, name := range []string{"alone", "pairs", "gapped", "equal", "together, 2 workers", "together, 3 workers", "gapped, 2 workers"} {
+		comp, workers := name, 1
+		if c, w, ok := strings.Cut(name, ", "); ok {
+			comp, workers = c, int(w[0]-'0')
+		}
+		if workers > 1 && threads != 1 {
+			// Row-parallel calls (Step.Workers) split a call's rows among
+			// threads that run libtorch on one thread each, and only while
+			// it runs one thread: compared with one-thread calls.
+			if err := torchbridge.SetThreads(1); err != nil {
+				t.Fatal(err)
+			}
+			threads, ref = 1, decode(compositions["together"], true, 1)
+		}
+		got := decode(compositions[comp], true, workers)
 		differ, first, maxd := 0, "", 0.0
 		for row := range got {
 			for step := range got[row] {
@@ -599,7 +620,7 @@ func TestLogpIndependentOfBatching(t *testing.T) {
 	}
 	// The inference path (no log-probs) keeps BLAS's fastest kernel per
 	// shape; whether they differ is the BLAS's business, noted only.
-	plain, alone := decode(compositions["together"], false), decode(compositions["alone"], false)
+	plain, alone := decode(compositions["together"], false, 1), decode(compositions["alone"], false, 1)
 	differ := 0
 	for row := range plain {
 		for step := range plain[row] {

@@ -87,23 +87,25 @@ func (e *Engine) Close() error { return e.Policy.Close() }
 // for the sampled tokens' log-probabilities (training needs them; greedy
 // evaluation does not). RowBase is the global row of cache row 0: a
 // data-parallel rank holding rows [RowBase, RowBase+n) of a step's batch
-// draws for each row what one process would draw for it.
+// draws for each row what one process would draw for it. Workers is
+// torchbridge.Step.Workers of every call.
 type Decoder struct {
 	C       *torchbridge.Cache
 	Logp    bool
 	RowBase int
+	Workers int
 }
 
 // Extend implements generate.Decoder.
 func (d Decoder) Extend(ctx context.Context, rows []int, tokens [][]int32, s generate.Sampling, seed uint64) ([]int32, []float32, error) {
-	r, err := d.C.Extend(ctx, torchbridge.Step{Rows: rows, Tokens: tokens, Seed: seed, WantLogp: d.Logp, RowBase: d.RowBase,
+	r, err := d.C.Extend(ctx, torchbridge.Step{Rows: rows, Tokens: tokens, Seed: seed, WantLogp: d.Logp, RowBase: d.RowBase, Workers: d.Workers,
 		Sampling: torchbridge.Sampling{Temperature: s.Temperature, TopP: s.TopP, TopK: s.TopK}})
 	return r.Next, r.Logp, err
 }
 
 // ExtendBanned implements router.BanDecoder.
 func (d Decoder) ExtendBanned(ctx context.Context, rows []int, tokens [][]int32, s generate.Sampling, seed uint64, ban [][]int32) ([]int32, []float32, error) {
-	r, err := d.C.Extend(ctx, torchbridge.Step{Rows: rows, Tokens: tokens, Seed: seed, WantLogp: d.Logp, RowBase: d.RowBase, Ban: ban,
+	r, err := d.C.Extend(ctx, torchbridge.Step{Rows: rows, Tokens: tokens, Seed: seed, WantLogp: d.Logp, RowBase: d.RowBase, Workers: d.Workers, Ban: ban,
 		Sampling: torchbridge.Sampling{Temperature: s.Temperature, TopP: s.TopP, TopK: s.TopK}})
 	return r.Next, r.Logp, err
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/recal-project/recal/generate"
 	"github.com/recal-project/recal/llmpool"
 	"github.com/recal-project/recal/router"
+	"github.com/recal-project/recal/torchbridge"
 )
 
 // Env is the routing environment of a policy: the LLM pool, the prompt and
@@ -23,6 +24,10 @@ type Env struct {
 	// DecodeThreads is the CPU thread count of Roll and RollRows
 	// (policy.decode_threads; 0 = whatever the process uses).
 	DecodeThreads int
+	// RolloutWorkers is the number of threads that decode the rows of
+	// Roll and RollRows at once when they decode on one thread and ask for
+	// log-probs (policy.rollout_workers; 0 = the process's thread count).
+	RolloutWorkers int
 
 	mu      sync.Mutex
 	prompts map[string][]int32 // prompt tokens by question id
@@ -55,7 +60,7 @@ func NewEnv(cfg config.Config, eng *Engine, bank map[string][]string, log *slog.
 		return nil, err
 	}
 	return &Env{Engine: eng, Pool: pool, Prompt: prompt, Router: cfg.Router, DecodeThreads: cfg.Policy.DecodeThreads,
-		prompts: map[string][]int32{}}, nil
+		RolloutWorkers: cfg.Policy.RolloutWorkers, prompts: map[string][]int32{}}, nil
 }
 
 // CheckPool builds the pool once to surface configuration and environment
@@ -112,8 +117,17 @@ func (e *Env) Roll(ctx context.Context, qs []data.Example, g int, s generate.Sam
 // batch: each samples what response first+k of that batch would (see
 // Decoder.RowBase), so a data-parallel rank rolls out its share exactly as
 // one process rolls out the whole batch. It decodes on e.DecodeThreads
-// threads and restores the count before it returns.
+// threads and restores the count before it returns; with log-probs on one
+// thread, e.RolloutWorkers threads decode shares of the rows at once.
 func (e *Env) RollRows(ctx context.Context, qs []data.Example, g int, s generate.Sampling, seed uint64, logp bool, first int) (out []router.Sample, st router.Stats, err error) {
+	workers := 1
+	if logp && e.DecodeThreads == 1 {
+		if workers = e.RolloutWorkers; workers == 0 {
+			if workers, err = torchbridge.Threads(); err != nil {
+				return nil, router.Stats{}, err
+			}
+		}
+	}
 	restore, err := DecodeThreads(e.DecodeThreads)
 	if err != nil {
 		return nil, router.Stats{}, err
@@ -141,11 +155,12 @@ func (e *Env) RollRows(ctx context.Context, qs []data.Example, g int, s generate
 		return nil, router.Stats{}, err
 	}
 	defer cache.Close()
-	return router.Rollout(ctx, Decoder{C: cache, Logp: logp, RowBase: first}, e.Engine.Tok, e.Pool, e.Router, jobs, s, e.Engine.EOS, seed)
+	return router.Rollout(ctx, Decoder{C: cache, Logp: logp, RowBase: first, Workers: workers}, e.Engine.Tok, e.Pool, e.Router, jobs, s, e.Engine.EOS, seed)
 }
 
 // WithPrompt returns an environment sharing e's policy and pool but with
 // another prompt and protocol settings (e.g. no models and no calls).
 func (e *Env) WithPrompt(p *router.Prompt, rc router.Config) *Env {
-	return &Env{Engine: e.Engine, Pool: e.Pool, Prompt: p, Router: rc, DecodeThreads: e.DecodeThreads, prompts: map[string][]int32{}}
+	return &Env{Engine: e.Engine, Pool: e.Pool, Prompt: p, Router: rc, DecodeThreads: e.DecodeThreads, RolloutWorkers: e.RolloutWorkers,
+		prompts: map[string][]int32{}}
 }

@@ -536,3 +536,31 @@ func TestDecodeThreads(t *testing.T) {
 		t.Errorf("resume with another policy.decode_threads: %v, want an error naming the key", err)
 	}
 }
+
+// policy.rollout_workers decodes a rollout's rows on several threads at
+// once (one libtorch thread each) when the rollouts decode on one thread:
+// the run is the same bit for bit as with one worker, rollouts, metrics,
+// validations and weights (a row's log-probs do not depend on the rows
+// sharing its decode call), and a resume may change the key.
+func TestRolloutWorkers(t *testing.T) {
+	if err := trainer.SetThreads(2); err != nil {
+		t.Fatal(err)
+	}
+	ck := microCheckpoint(t)
+	runs := map[int]string{}
+	for _, w := range []int{1, 2, 3} {
+		runs[w] = filepath.Join(t.TempDir(), fmt.Sprint("workers", w))
+		cfg := testConfig(t, ck, "train.steps=3", "train.checkpoint_every=3", "train.group_size=3",
+			"policy.decode_threads=1", fmt.Sprintf("policy.rollout_workers=%d", w))
+		if err := trainer.Train(context.Background(), cfg, trainer.Options{RunDir: runs[w]}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	compareRuns(t, runs[1], runs[2], match{exactUpTo: 3, weights: map[string]float64{"last": 0}})
+	compareRuns(t, runs[1], runs[3], match{exactUpTo: 3, weights: map[string]float64{"last": 0}})
+	more := testConfig(t, ck, "train.steps=4", "train.checkpoint_every=3", "train.group_size=3",
+		"policy.decode_threads=1", "policy.rollout_workers=1")
+	if err := trainer.Train(context.Background(), more, trainer.Options{RunDir: runs[2], Resume: true}); err != nil {
+		t.Errorf("resume with another policy.rollout_workers: %v", err)
+	}
+}
