@@ -64,6 +64,9 @@ func main() {
 		if err := rolloutBench(); err != nil {
 			fail(err)
 		}
+		if err := workersBench(max(*threads, 2)); err != nil {
+			fail(err)
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/recal-project/recal/config"
@@ -46,35 +47,36 @@ func (f *forced) Extend(ctx context.Context, rows []int, toks [][]int32, s gener
 	return next, logp, nil
 }
 
-// rolloutBench rolls out 64 questions × 4 samples with up to 3 calls each to
-// a simulated model answering in 300 ms, and compares the wall time with the
-// critical path (decode time + the slowest call of each turn).
-func rolloutBench() error {
+// scriptedRollout rolls out 64 questions × 4 samples of the tiny policy
+// with up to 3 calls each (the forced script) to simulated models answering
+// in latency, its decode calls split among workers threads
+// (policy.rollout_workers) while libtorch runs decodeThreads.
+func scriptedRollout(latency time.Duration, decodeThreads, workers int) ([]router.Sample, router.Stats, int, error) {
 	ctx := context.Background()
 	cfg, err := config.Load("recal.toml", []string{"policy.checkpoint=runs/init/tiny", "router.max_turns=3"})
 	if err != nil {
-		return err
+		return nil, router.Stats{}, 0, err
 	}
 	for i := range cfg.Pool.Models {
-		cfg.Pool.Models[i].Sim.Latency = 300 * time.Millisecond
+		cfg.Pool.Models[i].Sim.Latency = latency
 	}
 	eng, err := trainer.OpenEngine(cfg.Policy.Checkpoint, trainerOptions(cfg))
 	if err != nil {
-		return fmt.Errorf("rollout bench needs the tiny checkpoint (make train creates it, or recal policy init --preset tiny --out runs/init/tiny): %w", err)
+		return nil, router.Stats{}, 0, fmt.Errorf("rollout bench needs the tiny checkpoint (make train creates it, or recal policy init --preset tiny --out runs/init/tiny): %w", err)
 	}
 	defer eng.Close()
 	train, _, err := cfg.Data.LoadTrain()
 	if err != nil {
-		return err
+		return nil, router.Stats{}, 0, err
 	}
 	env, err := trainer.NewEnv(cfg, eng, trainer.AnswerBank(train), nil)
 	if err != nil {
-		return err
+		return nil, router.Stats{}, 0, err
 	}
 	defer env.Close()
 	sampler, err := data.NewSampler(train, 1)
 	if err != nil {
-		return err
+		return nil, router.Stats{}, 0, err
 	}
 	qs := sampler.Next(64)
 	const g = 4
@@ -83,7 +85,7 @@ func rolloutBench() error {
 	for _, q := range qs {
 		p, err := env.PromptTokens(q)
 		if err != nil {
-			return err
+			return nil, router.Stats{}, 0, err
 		}
 		longest = max(longest, len(p))
 		for range g {
@@ -93,11 +95,23 @@ func rolloutBench() error {
 	script := scriptTurns(eng.Tok, env.Pool.Models()[0].Name)
 	cache, err := eng.Policy.NewCache(len(jobs), longest+cfg.Router.Capacity())
 	if err != nil {
-		return err
+		return nil, router.Stats{}, 0, err
 	}
 	defer cache.Close()
-	dec := &forced{inner: trainer.Decoder{C: cache, Logp: true}, turns: script, state: map[int]*struct{ turn, pos int }{}}
+	restore, err := trainer.DecodeThreads(decodeThreads)
+	if err != nil {
+		return nil, router.Stats{}, 0, err
+	}
+	defer restore()
+	dec := &forced{inner: trainer.Decoder{C: cache, Logp: true, Workers: workers}, turns: script, state: map[int]*struct{ turn, pos int }{}}
 	samples, st, err := router.Rollout(ctx, dec, eng.Tok, env.Pool, cfg.Router, jobs, generate.Sampling{Temperature: 1, TopP: 1}, eng.EOS, 1)
+	return samples, st, len(qs), err
+}
+
+// rolloutBench compares the wall time of a rollout with its critical path
+// (decode time + the slowest call of each turn), with calls of 300 ms.
+func rolloutBench() error {
+	samples, st, nq, err := scriptedRollout(300*time.Millisecond, 0, 1)
 	if err != nil {
 		return err
 	}
@@ -105,13 +119,38 @@ func rolloutBench() error {
 	for _, s := range samples {
 		calls += len(s.CalledModels())
 	}
-	fmt.Printf("\nrollout: %d questions x G=%d, tiny policy, sim pool at 300 ms per call, up to %d turns (%d calls)\n",
-		len(qs), g, cfg.Router.MaxTurns, calls)
+	fmt.Printf("\nrollout: %d questions x G=4, tiny policy, sim pool at 300 ms per call, up to 3 turns (%d calls)\n", nq, calls)
 	fmt.Printf("  wall time        %8.2f s\n", st.Wall.Seconds())
 	fmt.Printf("  decode time      %8.2f s\n", st.Decode.Seconds())
 	fmt.Printf("  slowest calls    %8.2f s (sum over turns)\n", st.SlowestSum.Seconds())
 	fmt.Printf("  critical path    %8.2f s\n", st.CriticalPath().Seconds())
 	fmt.Printf("  wall / critical  %8.2fx  (target <= 1.2x)\n", st.Wall.Seconds()/st.CriticalPath().Seconds())
+	return nil
+}
+
+// workersBench decodes the same rollout (the offline default's 5 ms sim
+// calls, one libtorch thread as policy.decode_threads = 1) with one worker
+// and with workers, and checks that the samples are the same bits.
+func workersBench(workers int) error {
+	one, st1, _, err := scriptedRollout(5*time.Millisecond, 1, 1)
+	if err != nil {
+		return err
+	}
+	many, stN, _, err := scriptedRollout(5*time.Millisecond, 1, workers)
+	if err != nil {
+		return err
+	}
+	same := len(one) == len(many)
+	for i := 0; same && i < len(one); i++ {
+		same = slices.Equal(one[i].Tokens, many[i].Tokens) && slices.Equal(one[i].Logp, many[i].Logp)
+	}
+	fmt.Printf("\nrollout workers: the same rollout, sim pool at 5 ms per call, decode_threads = 1\n")
+	fmt.Printf("  1 worker         %8.2f s wall, %.2f s decode\n", st1.Wall.Seconds(), st1.Decode.Seconds())
+	fmt.Printf("  %d workers        %8.2f s wall, %.2f s decode\n", workers, stN.Wall.Seconds(), stN.Decode.Seconds())
+	fmt.Printf("  speed-up         %8.2fx  (samples bit-identical: %v)\n", st1.Wall.Seconds()/stN.Wall.Seconds(), same)
+	if !same {
+		return fmt.Errorf("rollout workers: %d workers sampled other tokens or log-probs than one", workers)
+	}
 	return nil
 }
 
