@@ -252,12 +252,12 @@ type Policy struct {
 	// RolloutWorkers is the number of OS threads that decode a training
 	// rollout's rows at once (GRPO and PPO), each on one libtorch thread,
 	// when the rollouts decode on one thread (decode_threads = 1) on the
-	// CPU; 0 = the process's CPU threads (threads, shared among the ranks
-	// on a machine), 1 = none. With log-probs asked for, a row's result does
+	// CPU, at most one per core; 0 = the job's libtorch thread count
+	// (threads, shared among the ranks on a machine), 1 = none. With log-probs asked for, a row's result does
 	// not depend on the rows sharing its decode call, so the count changes
 	// no bit of a run, only its speed: on the 2-core VM the tiny policy's
 	// rollouts, which leave one core idle on one thread, ran 1.43x faster
-	// with 2 in make train (2.05x in make bench's 256-row rollout).
+	// with 2 in make train (1.75x in make bench's 256-row rollout).
 	RolloutWorkers int `toml:"rollout_workers"`
 }
 

@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -62,33 +63,48 @@ func startWorker() {
 // Helper threads: Cache.Extend hands the shares of a row-parallel call
 // (Step.Workers) after the first to them, while the torch thread, which
 // runs the first share, waits for them. Each is a goroutine locked to its
-// OS thread, started on first use, set to one libtorch thread; they only
-// ever run such shares, each while the torch thread is held.
+// OS thread and set to one libtorch thread, started before any share of
+// the call runs; they only ever run such shares, each while the torch
+// thread is held.
 var (
 	helpersMu sync.Mutex
 	helpers   []chan func(setup error)
+	// parallelCalls counts the Extend calls split among threads.
+	parallelCalls atomic.Int64
 )
 
-// helper returns the queue of helper thread i. A job gets the error of the
-// thread's set-up (nil when it can run).
-func helper(i int) chan func(setup error) {
+// ParallelCalls reports how many Cache.Extend calls of this process ran
+// their rows on several threads at once (Step.Workers).
+func ParallelCalls() int64 { return parallelCalls.Load() }
+
+// startHelpers makes sure helper threads 0..n-1 exist and are set up. It
+// runs on the torch thread, while no share runs, so a helper's set-up
+// (which writes process-wide thread counts, already 1) overlaps no work.
+func startHelpers(n int) {
 	helpersMu.Lock()
 	defer helpersMu.Unlock()
-	for len(helpers) <= i {
+	for len(helpers) < n {
 		ch := make(chan func(error))
+		ready := make(chan struct{})
 		go func() {
 			runtime.LockOSThread()
-			// Started by a share, which runs only while the torch thread
-			// runs one libtorch thread: the process-wide counts this also
-			// sets are 1 already.
 			var msg *C.char
 			setup := status(C.rc_set_threads(1, &msg), msg)
+			close(ready)
 			for fn := range ch {
 				fn(setup)
 			}
 		}()
+		<-ready
 		helpers = append(helpers, ch)
 	}
+}
+
+// helper returns the queue of helper thread i (started by startHelpers).
+// A job gets the error of the thread's set-up (nil when it can run).
+func helper(i int) chan func(setup error) {
+	helpersMu.Lock()
+	defer helpersMu.Unlock()
 	return helpers[i]
 }
 

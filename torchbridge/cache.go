@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"unsafe"
 )
@@ -122,7 +123,7 @@ type Step struct {
 	Ban [][]int32
 	// Workers > 1 lets a call with WantLogp on the CPU, made while
 	// libtorch runs one thread (SetThreads(1)), decode its rows in up to
-	// Workers shares at once: the torch thread takes the first, helper
+	// Workers shares at once (at most one per core): the torch thread takes the first, helper
 	// threads (one libtorch thread each) the others. With log-probs asked
 	// for, a row's result does not depend on the rows sharing its call
 	// (row-invariant kernels, see cgo/recal.cc), so the split changes no
@@ -151,10 +152,20 @@ func (c *Cache) Extend(ctx context.Context, s Step) (Result, error) {
 	if n == 0 || len(s.Tokens) != n {
 		return Result{}, fmt.Errorf("torchbridge: extend: %d rows with %d token lists", n, len(s.Tokens))
 	}
+	seen := make(map[int]bool, n)
 	for i, t := range s.Tokens {
-		if len(t) == 0 {
-			return Result{}, fmt.Errorf("torchbridge: extend: row %d: no tokens", s.Rows[i])
+		r := s.Rows[i]
+		switch {
+		case r < 0 || r >= c.rows:
+			return Result{}, fmt.Errorf("torchbridge: extend: row %d outside the cache's %d rows", r, c.rows)
+		case seen[r]:
+			// Checked here, not only in C++: the shares of a split call
+			// would each see one of the two and write the row at once.
+			return Result{}, fmt.Errorf("torchbridge: extend: row %d given twice", r)
+		case len(t) == 0:
+			return Result{}, fmt.Errorf("torchbridge: extend: row %d: no tokens", r)
 		}
+		seen[r] = true
 	}
 	if s.Ban != nil {
 		if len(s.Ban) != n {
@@ -185,13 +196,15 @@ func (c *Cache) Extend(ctx context.Context, s Step) (Result, error) {
 				return err
 			}
 			if one == 1 {
-				shares = split(all, min(s.Workers, n))
+				shares = split(all, min(s.Workers, n, runtime.NumCPU()))
 			}
 		}
 		res.Workers = len(shares)
 		if len(shares) == 1 {
 			return c.extendRows(h, s, all, &res)
 		}
+		parallelCalls.Add(1)
+		startHelpers(len(shares) - 1)
 		// The torch thread is held until every share is done, so nothing
 		// (Close included) can come between.
 		errs := make([]error, len(shares))

@@ -323,6 +323,20 @@ func TestBadCalls(t *testing.T) {
 	if _, err := c.Extend(ctx, torchbridge.Step{Rows: []int{3}, Tokens: [][]int32{{1}}}); err == nil || !strings.Contains(err.Error(), "row 3") {
 		t.Errorf("a row outside the cache: error %v, want one naming row 3", err)
 	}
+	// A row given twice is refused before any share of a row-parallel call
+	// could write it from two threads.
+	c2, err := p.NewCache(3, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	twice := torchbridge.Step{Rows: []int{0, 1, 0, 2}, Tokens: [][]int32{{1}, {2}, {3}, {4}}, WantLogp: true, Workers: 2}
+	if _, err := c2.Extend(ctx, twice); err == nil || !strings.Contains(err.Error(), "row 0 given twice") {
+		t.Errorf("a row given twice: error %v, want one naming row 0", err)
+	}
+	if n, err := c2.Lengths(ctx); err != nil || n[0]+n[1]+n[2] != 0 {
+		t.Errorf("after the refused call the rows hold %v tokens (%v), want none", n, err)
+	}
 	if _, err := torchbridge.NewPolicy(tinyConfig(31, true), torchbridge.Options{Device: "cuda"}); err == nil {
 		if ok, _ := torchbridge.CUDAAvailable(); !ok {
 			t.Error("device cuda without CUDA support: want an error")

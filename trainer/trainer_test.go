@@ -552,8 +552,12 @@ func TestRolloutWorkers(t *testing.T) {
 		runs[w] = filepath.Join(t.TempDir(), fmt.Sprint("workers", w))
 		cfg := testConfig(t, ck, "train.steps=3", "train.checkpoint_every=3", "train.group_size=3",
 			"policy.decode_threads=1", fmt.Sprintf("policy.rollout_workers=%d", w))
+		before := torchbridge.ParallelCalls()
 		if err := trainer.Train(context.Background(), cfg, trainer.Options{RunDir: runs[w]}); err != nil {
 			t.Fatal(err)
+		}
+		if split := torchbridge.ParallelCalls() - before; (split > 0) != (w > 1) {
+			t.Errorf("%d workers: %d decode calls split among threads", w, split)
 		}
 	}
 	compareRuns(t, runs[1], runs[2], match{exactUpTo: 3, weights: map[string]float64{"last": 0}})
