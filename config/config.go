@@ -256,8 +256,8 @@ type Policy struct {
 	// (threads, shared among the ranks on a machine), 1 = none. With log-probs asked for, a row's result does
 	// not depend on the rows sharing its decode call, so the count changes
 	// no bit of a run, only its speed: on the 2-core VM the tiny policy's
-	// rollouts, which leave one core idle on one thread, ran 1.43x faster
-	// with 2 in make train (1.75x in make bench's 256-row rollout).
+	// rollouts, which leave one core idle on one thread, ran about 1.4x
+	// faster with 2 in make train (1.75x in make bench's 256-row rollout).
 	RolloutWorkers int `toml:"rollout_workers"`
 }
 
