@@ -152,7 +152,7 @@ func (c *Cache) Extend(ctx context.Context, s Step) (Result, error) {
 	if n == 0 || len(s.Tokens) != n {
 		return Result{}, fmt.Errorf("torchbridge: extend: %d rows with %d token lists", n, len(s.Tokens))
 	}
-	seen := make(map[int]bool, n)
+	seen := make([]bool, c.rows) // every decode step passes here: a slice, not a map
 	for i, t := range s.Tokens {
 		r := s.Rows[i]
 		switch {
