@@ -57,7 +57,9 @@ endif
 # The C++ standard: libtorch up to 2.12 builds with C++17 (Debian's 1.13
 # needs it); later ones require C++20 (CXX_STD=c++20).
 CXX_STD ?= c++17
-CXXFLAGS_BRIDGE := -std=$(CXX_STD) -O2 -fPIC -Wall -Wno-unused-variable -D_GLIBCXX_USE_CXX11_ABI=$(TORCH_CXX11_ABI) $(TORCH_INC)
+# -ffp-contract=off: a*b+c stays two roundings unless the code asks for a
+# fused multiply-add (recal_rows.cc's arithmetic is fixed by its source).
+CXXFLAGS_BRIDGE := -std=$(CXX_STD) -O2 -fPIC -ffp-contract=off -Wall -Wno-unused-variable -D_GLIBCXX_USE_CXX11_ABI=$(TORCH_CXX11_ABI) $(TORCH_INC)
 LIB := build/librecal.a
 # The offline default's starting point: a tiny random policy.
 INIT := runs/init/tiny/model.safetensors
@@ -69,7 +71,7 @@ GOENV = CGO_CFLAGS="-O2 -DRECAL_LIB=$$(sha1sum $(LIB) | cut -c1-16)" CGO_LDFLAGS
 # Pure-Go packages: they build and test without cgo or libtorch.
 PURE_PKGS := $(foreach d,internal/hfmodel config generate tokenizer data llmpool router calibration plot dist serve embed baselines ablate,$(if $(wildcard $(d)),./$(d)/...))
 
-.PHONY: all build lib deps test test-pure bench train clean fixtures e2e-serve
+.PHONY: all build lib deps test test-kernels test-pure bench train clean fixtures e2e-serve
 
 all: build
 
@@ -77,11 +79,15 @@ all: build
 deps:
 	@./scripts/deps.sh
 
-$(LIB): build/recal.o build/recal_dist.o
+$(LIB): build/recal.o build/recal_dist.o build/recal_rows.o
 	rm -f $@
 	ar rcs $@ $^
 
 build/recal.o: cgo/recal.cc cgo/recal.h cgo/recal_internal.h
+	@mkdir -p build
+	$(CXX) $(CXXFLAGS_BRIDGE) -c $< -o $@
+
+build/recal_rows.o: cgo/recal_rows.cc cgo/recal.h cgo/recal_internal.h
 	@mkdir -p build
 	$(CXX) $(CXXFLAGS_BRIDGE) -c $< -o $@
 
@@ -107,6 +113,17 @@ test: lib
 	$(GOENV) $(GO) vet ./...
 	$(GOENV) $(GO) test -count=1 ./...
 	$(GO) test -race -count=1 $(RACE_PKGS)
+	@$(MAKE) --no-print-directory test-kernels
+
+# test-kernels: the determinism tests (row invariance, data-parallel ranks =
+# one process, rollout workers, resume, the shared warm-up) again under each
+# OpenBLAS kernel of BLAS_CORES that this CPU runs ("default": the library's
+# own choice, OPENBLAS_CORETYPE unset), each set in its sub-command's
+# environment only; `test` above ran them under the environment's choice.
+# About a minute per kernel.
+BLAS_CORES ?= default Haswell Sandybridge
+test-kernels: lib
+	$(GOENV) ./scripts/test-kernels.sh $(BLAS_CORES)
 
 bench: build $(INIT)
 	$(GOENV) $(GO) run ./bench -python $(PYTHON)

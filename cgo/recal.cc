@@ -49,24 +49,7 @@ std::string shape_str(torch::IntArrayRef s) {
 
 }  // namespace
 
-struct rc_cache {
-  rc_policy* p = nullptr;
-  int64_t rows = 0, capacity = 0;
-  // Per layer [rows, kv_heads, capacity, head_dim]: a head's keys of a row are
-  // one matrix, so the rows of a step feed attention's batched matrix
-  // products as a view (or one gather), not a copy per step.
-  std::vector<Tensor> k, v;
-  std::vector<int64_t> len;   // valid tokens per row
-};
-
 namespace {
-
-uint64_t splitmix64(uint64_t z) {
-  z += 0x9E3779B97F4A7C15ULL;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
 
 Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) {
   auto xf = x.to(torch::kFloat32);
@@ -89,41 +72,14 @@ std::pair<Tensor, Tensor> rope(const rc_policy& p, const Tensor& pos) {
   return {emb.cos().to(p.dtype), emb.sin().to(p.dtype)};
 }
 
-// A linear layer y = x W^T + b over the last dimension of x.
-using LinearFn = Tensor (*)(const Tensor& x, const Tensor& W, const Tensor& b);
-
-Tensor plain_linear(const Tensor& x, const Tensor& W, const Tensor& b) { return torch::linear(x, W, b); }
-
-// Rows per matrix product of block_linear.
-constexpr int64_t kRowBlock = 16;
-
-// A linear layer whose result for a row does not depend on the other rows
-// of x: the rows go through matrix products of exactly kRowBlock rows (the
-// last block zero-padded). BLAS picks its kernel by the product's shape
-// (OpenBLAS: a small-matrix kernel for a few rows; torch::mv for one), and
-// kernels differ in the last bits; with one shape for every product, a row
-// comes out the same whichever rows share its call and at whichever
-// position (checked for the tiny and small presets' shapes).
-Tensor block_linear(const Tensor& x, const Tensor& W, const Tensor& b) {
-  auto shape = x.sizes().vec();
-  auto K = shape.back();
-  auto x2 = x.reshape({-1, K});
-  auto M = x2.size(0), Mp = (M + kRowBlock - 1) / kRowBlock * kRowBlock;
-  if (Mp != M) x2 = torch::cat({x2, torch::zeros({Mp - M, K}, x2.options())});
-  std::vector<Tensor> out;
-  for (int64_t s = 0; s < Mp; s += kRowBlock) out.push_back(torch::linear(x2.narrow(0, s, kRowBlock), W, b));
-  shape.back() = W.size(0);
-  return torch::cat(out).narrow(0, 0, M).reshape(shape);
-}
-
 // Projects h [n, L, H] to rotated q [n, L, heads, hd] and k, v [n, L, kv, hd].
 void qkv(const rc_policy& p, const Layer& ly, const Tensor& h, const Tensor& cos, const Tensor& sin, Tensor& q,
-         Tensor& k, Tensor& v, LinearFn lin = plain_linear) {
+         Tensor& k, Tensor& v) {
   const auto& c = p.cfg;
   auto n = h.size(0), L = h.size(1);
-  q = lin(h, p.P(ly.q_w), p.P(ly.q_b)).view({n, L, c.num_attention_heads, c.head_dim});
-  k = lin(h, p.P(ly.k_w), p.P(ly.k_b)).view({n, L, c.num_key_value_heads, c.head_dim});
-  v = lin(h, p.P(ly.v_w), p.P(ly.v_b)).view({n, L, c.num_key_value_heads, c.head_dim});
+  q = torch::linear(h, p.P(ly.q_w), p.P(ly.q_b)).view({n, L, c.num_attention_heads, c.head_dim});
+  k = torch::linear(h, p.P(ly.k_w), p.P(ly.k_b)).view({n, L, c.num_key_value_heads, c.head_dim});
+  v = torch::linear(h, p.P(ly.v_w), p.P(ly.v_b)).view({n, L, c.num_key_value_heads, c.head_dim});
   auto c4 = cos.unsqueeze(2), s4 = sin.unsqueeze(2);  // [n|1, L, 1, hd]
   q = q * c4 + rotate_half(q) * s4;
   k = k * c4 + rotate_half(k) * s4;
@@ -150,33 +106,9 @@ Tensor attend(const rc_policy& p, const Tensor& q, const Tensor& k, const Tensor
   return out.view({n, kv, g, L, hd}).permute({0, 3, 1, 2, 4}).reshape({n, L, kv * g * hd});
 }
 
-Tensor mlp(const rc_policy& p, const Layer& ly, const Tensor& h, LinearFn lin = plain_linear) {
-  auto a = torch::silu(lin(h, p.P(ly.gate), {})) * lin(h, p.P(ly.up), {});
-  return lin(a, p.P(ly.down), {});
-}
-
-// Attention of n rows of one extend call, each alone over its own columns
-// 0..lens[i]+counts[i] of K, V [n, T, kv, hd] (causal within its new
-// tokens): no padding columns whose number depends on the other rows.
-// Returns [n, width, heads*hd], zeros past a row's count.
-Tensor attend_rows(const rc_policy& p, const Tensor& q, const Tensor& K, const Tensor& V, const int64_t* lens,
-                   const int64_t* counts) {
-  auto n = q.size(0), width = q.size(1);
-  auto att = torch::zeros({n, width, q.size(2) * q.size(3)}, q.options());
-  auto li = torch::TensorOptions().dtype(torch::kLong).device(q.device());
-  for (int64_t i = 0; i < n; i++) {
-    auto ci = counts[i], T = lens[i] + ci;
-    Tensor mask;
-    if (ci > 1)
-      mask = torch::zeros({ci, T}, torch::TensorOptions().dtype(torch::kFloat32).device(q.device()))
-                 .masked_fill(torch::arange(T, li).view({1, T}) > (lens[i] + torch::arange(ci, li)).view({ci, 1}),
-                              -std::numeric_limits<float>::infinity())
-                 .view({1, 1, 1, ci, T});
-    att.narrow(0, i, 1).narrow(1, 0, ci).copy_(attend(p, q.narrow(0, i, 1).narrow(1, 0, ci),
-                                                      K.narrow(0, i, 1).narrow(1, 0, T),
-                                                      V.narrow(0, i, 1).narrow(1, 0, T), mask));
-  }
-  return att;
+Tensor mlp(const rc_policy& p, const Layer& ly, const Tensor& h) {
+  auto a = torch::silu(torch::linear(h, p.P(ly.gate))) * torch::linear(h, p.P(ly.up));
+  return torch::linear(a, p.P(ly.down));
 }
 
 // Full causal forward of right-padded tokens [B, T]; returns the final-norm
@@ -341,19 +273,32 @@ Tensor value_of(const rc_policy& p, const Tensor& h) {
 
 }  // namespace
 
+namespace recal {
+
+// libtorch 1.13 sets OpenMP's and MKL's thread counts but not OpenBLAS's,
+// whose own pool starts one thread per core: ranks that share a machine would
+// each run as many BLAS threads as there are cores. OpenBLAS, when it is the
+// BLAS libtorch was linked to, gets the calling thread's count; other BLAS
+// libraries lack the symbol and are left alone.
+void sync_blas_threads() {
+  using set_fn = void (*)(int);
+  using get_fn = int (*)();
+  static const auto set = reinterpret_cast<set_fn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  static const auto get = reinterpret_cast<get_fn>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  if (!set) return;
+  int n = at::get_num_threads();
+  if (!get || get() != n) set(n);
+}
+
+}  // namespace recal
+
 extern "C" {
 
 int rc_set_threads(int32_t n, char** err) {
   return guarded(err, [&] {
     if (n <= 0) return;
     torch::set_num_threads(n);
-    // libtorch 1.13 sets OpenMP's and MKL's thread counts but not
-    // OpenBLAS's, whose own pool starts one thread per core: ranks that
-    // share a machine would each run as many BLAS threads as there are
-    // cores. OpenBLAS, when it is the BLAS libtorch was linked to, gets the
-    // same count; other BLAS libraries lack the symbol and are left alone.
-    using set_fn = void (*)(int);
-    if (auto f = reinterpret_cast<set_fn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) f(n);
+    recal::sync_blas_threads();
   });
 }
 
@@ -796,6 +741,18 @@ int rc_cache_extend(rc_cache* c, int64_t n, const int64_t* rows, int64_t width, 
       tmax = std::max(tmax, lens[i] + counts[i]);
       if (i > 0 && rows[i] != rows[i - 1] + 1) contiguous = false;
     }
+    // With log-probs asked for (training rollouts), a row's result must not
+    // depend on which rows share the call: that depends on when pool replies
+    // arrive, on the ranks and on the rollout workers, and the log-probs are
+    // the ratio's denominator in the loss. A float32 policy on the CPU then
+    // decodes by recal_rows.cc's kernels, whose result for a row holds by
+    // construction whatever the other rows, the BLAS kernel or the threads.
+    // Elsewhere (bfloat16, CUDA) libtorch's kernels pick their strategy by
+    // shape: a row's bits may depend on the call (within float rounding).
+    if (so->want_logp && recal::rows_supported(p) && !getenv("RECAL_NO_ROWS")) {
+      recal::extend_rows(*c, n, rows, width, tokens, counts, so, gen_seed, out_tokens, out_logp, out_logits);
+      return;
+    }
     torch::NoGradGuard ng;
     auto dev = p.device;
     auto li = torch::TensorOptions().dtype(torch::kLong);
@@ -824,21 +781,13 @@ int rc_cache_extend(rc_cache* c, int64_t n, const int64_t* rows, int64_t width, 
                  .masked_fill(cols.view({1, 1, tmax}) > pos.unsqueeze(2), -std::numeric_limits<float>::infinity())
                  .view({n, 1, 1, width, tmax});
     }
-    // With log-probs asked for (training rollouts), a row's result must not
-    // depend on which rows share the call: that depends on when pool replies
-    // arrive, and the log-probs are the ratio's denominator in the loss. The
-    // linear layers then use products of one shape and each row attends
-    // alone (a little slower); inference (serve, eval) keeps the fastest
-    // kernels, including the matrix-vector product of a lone row.
-    bool invariant = so->want_logp != 0;
-    LinearFn lin = invariant ? block_linear : plain_linear;
     auto [cos, sin] = rope(p, pos);
     auto x = torch::embedding(p.P(p.embed), tok);
     for (size_t l = 0; l < p.layers.size(); l++) {
       const auto& ly = p.layers[l];
       auto h = rms_norm(x, p.P(ly.in_norm), p.cfg.rms_norm_eps);
       Tensor q, k, v;
-      qkv(p, ly, h, cos, sin, q, k, v, lin);
+      qkv(p, ly, h, cos, sin, q, k, v);
       auto kc = c->k[l].transpose(1, 2), vc = c->v[l].transpose(1, 2);  // views [rows, capacity, kv, hd]
       if (uniform) {
         kc.narrow(0, rows[0], n).narrow(1, lens[0], width).copy_(k);
@@ -858,8 +807,8 @@ int rc_cache_extend(rc_cache* c, int64_t n, const int64_t* rows, int64_t width, 
         K = c->k[l].narrow(2, 0, tmax).index_select(0, ri).transpose(1, 2);
         V = c->v[l].narrow(2, 0, tmax).index_select(0, ri).transpose(1, 2);
       }
-      x = x + lin(invariant ? attend_rows(p, q, K, V, lens.data(), counts) : attend(p, q, K, V, mask), p.P(ly.o_w), {});
-      x = x + mlp(p, ly, rms_norm(x, p.P(ly.post_norm), p.cfg.rms_norm_eps), lin);
+      x = x + torch::linear(attend(p, q, K, V, mask), p.P(ly.o_w));
+      x = x + mlp(p, ly, rms_norm(x, p.P(ly.post_norm), p.cfg.rms_norm_eps));
     }
     for (int64_t i = 0; i < n; i++) c->len[rows[i]] += counts[i];
     // Only the last new position of each row needs logits.
@@ -868,9 +817,7 @@ int rc_cache_extend(rc_cache* c, int64_t n, const int64_t* rows, int64_t width, 
     // One row (batch-1 decode): a matrix-vector product. BLAS runs it ~1.4x
     // faster than the one-row matrix product linear() would ask for, and
     // with a large vocabulary the output head is most of a decode step.
-    auto logits = (invariant ? block_linear(hn, p.P(p.lm_head), {})
-                   : n == 1  ? torch::mv(p.P(p.lm_head), hn.squeeze(0)).unsqueeze(0)
-                             : torch::linear(hn, p.P(p.lm_head)))
+    auto logits = (n == 1 ? torch::mv(p.P(p.lm_head), hn.squeeze(0)).unsqueeze(0) : torch::linear(hn, p.P(p.lm_head)))
                       .to(torch::kFloat32);
     // Banned tokens (router.no_repeat_ngram) are excluded from the choice,
     // greedy or sampled; out_logp stays the unbanned distribution's, like
@@ -920,11 +867,7 @@ int rc_cache_extend(rc_cache* c, int64_t n, const int64_t* rows, int64_t width, 
       // global row) whatever the number of data-parallel ranks.
       auto probs = torch::softmax(l, -1);
       std::vector<float> u(n);
-      for (int64_t i = 0; i < n; i++) {
-        uint64_t row = (uint64_t)(so->row_base + rows[i]);
-        uint64_t z = splitmix64(gen_seed ^ splitmix64(row * 0x9E3779B97F4A7C15ULL + (uint64_t)c->len[rows[i]]));
-        u[i] = (float)((double)(z >> 11) * (1.0 / 9007199254740992.0));
-      }
+      for (int64_t i = 0; i < n; i++) u[i] = recal::row_uniform(gen_seed, (uint64_t)(so->row_base + rows[i]), c->len[rows[i]]);
       auto cum = probs.cumsum(-1);
       auto target = torch::from_blob(u.data(), {n, 1}, torch::kFloat32).to(dev) * cum.narrow(1, cum.size(1) - 1, 1);
       next = torch::searchsorted(cum, target, /*out_int32=*/false, /*right=*/true).squeeze(1).clamp_max(cum.size(1) - 1);

@@ -51,6 +51,13 @@ int rc_set_threads(int32_t n, char** err);
 /* The number of intra-op CPU threads the calling thread's work uses. */
 int rc_get_threads(int32_t* out, char** err);
 
+/* Checks the row-invariant decoding kernels (recal_rows.cc): their AVX2 path
+ * and their portable path compute the same bits on random data with every
+ * tile shape and length tail, and exp's special values; *vector is 1 when
+ * the CPU ran the AVX2 path (0: only the portable one exists here). An
+ * error names the kernel, the shape and the first element that differ. */
+int rc_kernels_check(uint64_t seed, int32_t* vector, char** err);
+
 /* Reports whether the linked libtorch can use CUDA (1) or not (0). */
 int rc_cuda_available(int32_t* out, char** err);
 

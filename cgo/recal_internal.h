@@ -7,7 +7,8 @@
 
 #include "recal.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/csrc/autograd/grad_mode.h>
 
 #include <cstring>
 #include <stdexcept>
@@ -29,10 +30,21 @@ struct Layer {
   int in_norm, q_w, q_b, k_w, k_b, v_w, v_b, o_w, post_norm, gate, up, down;
 };
 
+// Sets OpenBLAS's thread count to the calling thread's libtorch thread
+// count, when OpenBLAS is the BLAS libtorch runs on (recal.cc).
+void sync_blas_threads();
+
 // Runs fn, converting every exception into a status and a malloc'd message.
+// First it gives OpenBLAS the calling thread's thread count: OpenBLAS keeps
+// one count for the whole process, libtorch one per thread, and how a BLAS
+// kernel splits a product among threads can change its bits (OpenBLAS's
+// Haswell kernels: see recal_rows.cc). A call's BLAS work then runs on the
+// count its own thread was set to, never on one a rollout worker's thread
+// or an earlier piece of work left behind.
 template <typename Fn>
 int guarded(char** err, Fn&& fn) {
   try {
+    sync_blas_threads();
     fn();
     return 0;
   } catch (const c10::Error& e) {
@@ -153,5 +165,46 @@ struct rc_policy {
     recal::fail("no tensor named \"" + name + "\"");
   }
 };
+
+// A KV cache of a policy: rows of up to capacity positions.
+struct rc_cache {
+  rc_policy* p = nullptr;
+  int64_t rows = 0, capacity = 0;
+  // Per layer [rows, kv_heads, capacity, head_dim]: a head's keys of a row are
+  // one matrix, so the rows of a step feed attention's batched matrix
+  // products as a view (or one gather), not a copy per step.
+  std::vector<torch::Tensor> k, v;
+  std::vector<int64_t> len;  // valid tokens per row
+};
+
+namespace recal {
+
+inline uint64_t splitmix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+// The uniform in [0, 1) with which a row samples its next token: drawn from
+// (seed, the row's global index, the row's length), so that it does not
+// depend on which other rows share the call, nor on the number of ranks.
+inline float row_uniform(uint64_t seed, uint64_t global_row, int64_t len) {
+  uint64_t z = splitmix64(seed ^ splitmix64(global_row * 0x9E3779B97F4A7C15ULL + (uint64_t)len));
+  return (float)((double)(z >> 11) * (1.0 / 9007199254740992.0));
+}
+
+// Whether extend_rows can decode for this policy: float32 on the CPU.
+bool rows_supported(const rc_policy& p);
+
+// rc_cache_extend's work for a policy rows_supported accepts, by the
+// kernels of recal_rows.cc: a row's logits, sample and log-prob do not
+// depend on the other rows of the call, the BLAS or the thread count.
+// Arguments as rc_cache_extend's, already validated.
+void extend_rows(rc_cache& c, int64_t n, const int64_t* rows, int64_t width, const int32_t* tokens,
+                 const int64_t* counts, const rc_sample_opts* so, uint64_t gen_seed, int32_t* out_tokens,
+                 float* out_logp, float* out_logits);
+
+}  // namespace recal
 
 #endif  // RECAL_INTERNAL_H

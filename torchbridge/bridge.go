@@ -152,6 +152,20 @@ func Threads() (int, error) {
 	return int(n), err
 }
 
+// CheckKernels checks the row-invariant decoding kernels (cgo/recal_rows.cc,
+// the extend path of float32 policies on the CPU): their AVX2 path and their
+// portable path compute the same bits on values drawn from seed, for every
+// tile shape and length tail. vector reports whether this CPU ran the AVX2
+// path (false: only the portable path exists here, nothing to compare).
+func CheckKernels(seed uint64) (vector bool, err error) {
+	var v C.int32_t
+	err = do(context.Background(), func() error {
+		var msg *C.char
+		return status(C.rc_kernels_check(C.uint64_t(seed), &v, &msg), msg)
+	})
+	return v != 0, err
+}
+
 // CUDAAvailable reports whether the linked libtorch can run on a GPU.
 func CUDAAvailable() (bool, error) {
 	var ok C.int32_t

@@ -510,8 +510,12 @@ func TestProcessGroupOneProcess(t *testing.T) {
 // Data-parallel ranks, and one process from one run to the next, group a
 // step's rows into decode calls differently (pool replies arrive when they
 // do). With log-probs asked for (training rollouts) a row's logits must be
-// the same bits whatever rows share its call, or the rollouts' log-probs,
-// and through the loss's ratio the weights, drift between runs.
+// the same bits whatever rows share its call, whatever the thread count and
+// whatever BLAS kernel the machine runs (make test-kernels runs this test
+// under several OpenBLAS core types), or the rollouts' log-probs, and
+// through the loss's ratio the weights, drift between runs. On CUDA the
+// invariance cannot hold (libtorch's reductions pick their strategy by
+// shape): there the rows must agree within cudaBound.
 func TestLogpIndependentOfBatching(t *testing.T) {
 	ctx := context.Background()
 	cfg := tinyConfig(4032, true)
@@ -576,19 +580,25 @@ func TestLogpIndependentOfBatching(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer torchbridge.SetThreads(threads)
-	for _, name := range []string{"alone", "pairs", "gapped", "equal", "together, 2 workers", "together, 3 workers", "gapped, 2 workers"} {
+	const cudaBound = 1e-3 // |Δ| of a logit or log-prob between compositions on CUDA (float32)
+	for _, name := range []string{"alone", "pairs", "gapped", "equal", "together, 1 thread", "together, 2 workers", "together, 3 workers", "gapped, 2 workers"} {
 		comp, workers := name, 1
 		if c, w, ok := strings.Cut(name, ", "); ok {
-			comp, workers = c, int(w[0]-'0')
+			comp = c
+			if strings.HasSuffix(w, "workers") {
+				workers = int(w[0] - '0')
+			}
 		}
-		if workers > 1 && threads != 1 {
+		if (workers > 1 || strings.HasSuffix(name, "1 thread")) && threads != 1 {
 			// Row-parallel calls (Step.Workers) split a call's rows among
 			// threads that run libtorch on one thread each, and only while
-			// it runs one thread: compared with one-thread calls.
+			// it runs one thread. The kernels' own threads split the
+			// outputs of a product, never one output's arithmetic: one
+			// thread computes the bits threads did (compared with ref).
 			if err := torchbridge.SetThreads(1); err != nil {
 				t.Fatal(err)
 			}
-			threads, ref = 1, decode(compositions["together"], true, 1)
+			threads = 1
 		}
 		got := decode(compositions[comp], true, workers)
 		differ, first, maxd := 0, "", 0.0
@@ -608,19 +618,23 @@ func TestLogpIndependentOfBatching(t *testing.T) {
 		if differ == 0 {
 			continue
 		}
-		msg := fmt.Sprintf("%s: %d of %d row steps (first: %s) differ from the rows decoded together, by up to %.3g in a logit or log-prob: a rollout's log-probs would depend on the rows sharing its decode call", name, differ, len(got)*len(got[0]), first, maxd)
+		msg := fmt.Sprintf("%s: %d of %d row steps (first: %s) differ from the rows decoded together on %d thread(s), by up to %.3g in a logit or log-prob: a rollout's log-probs would depend on the rows sharing its decode call", name, differ, len(got)*len(got[0]), first, threads, maxd)
 		if strings.HasPrefix(testDevice, "cuda") {
 			// libtorch's CUDA reductions (the norms' means, softmax,
 			// logsumexp) pick their strategy by the tensor's shape, so
 			// the rows of one call are not bit-for-bit those of another:
-			// the invariance holds on the CPU only (README, "Bit for bit").
-			t.Logf("on %s (not bit for bit there): %s", testDevice, msg)
+			// the invariance holds on the CPU only; on CUDA, a bound.
+			if maxd > cudaBound {
+				t.Errorf("on %s, beyond the bound %g: %s", testDevice, cudaBound, msg)
+			} else {
+				t.Logf("on %s (within %g, not bit for bit): %s", testDevice, cudaBound, msg)
+			}
 			continue
 		}
 		t.Error(msg)
 	}
-	// The inference path (no log-probs) keeps BLAS's fastest kernel per
-	// shape; whether they differ is the BLAS's business, noted only.
+	// The inference path (no log-probs) keeps libtorch's kernels; whether
+	// its rows differ is the BLAS's business, noted only.
 	plain, alone := decode(compositions["together"], false, 1), decode(compositions["alone"], false, 1)
 	differ := 0
 	for row := range plain {
@@ -631,4 +645,20 @@ func TestLogpIndependentOfBatching(t *testing.T) {
 		}
 	}
 	t.Logf("inference path: %d of %d row steps' logits differ between together and alone (BLAS kernels by shape)", differ, len(plain)*len(plain[0]))
+}
+
+// TestCheckKernels: the row-invariant kernels' AVX2 path computes the bits
+// of their portable path, for every tile shape and length tail, so the
+// decoding of a row is the same function of its inputs on every x86 CPU
+// recal runs on, vector unit or not.
+func TestCheckKernels(t *testing.T) {
+	for _, seed := range []uint64{1, 2, 3} {
+		vector, err := torchbridge.CheckKernels(seed)
+		if err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+		if !vector {
+			t.Skip("this CPU has no AVX2 and FMA: only the portable path runs, nothing to compare")
+		}
+	}
 }
