@@ -27,14 +27,40 @@ type Serve struct {
 	// MaxBodyBytes caps a request body (bytes); a larger one is answered 413.
 	// Default 1048576 (1 MiB).
 	MaxBodyBytes int64 `toml:"max_body_bytes"`
+	// BodyTimeout bounds how long a request's body may take to arrive,
+	// counted from the end of its headers (duration, > 0). A slower body is
+	// answered 408 and its connection closed, so a client trickling bytes
+	// holds its connection for this long at most. Default "10s".
+	BodyTimeout time.Duration `toml:"body_timeout"`
+	// MaxBodyReads is the most request bodies being read at once (each may
+	// buffer up to max_body_bytes, for up to body_timeout). A chat request
+	// beyond it is answered 503 with Retry-After at once, without reading
+	// its body, and its connection closed. Default 64.
+	MaxBodyReads int `toml:"max_body_reads"`
+	// MaxSamplings is the most distinct sampling settings (temperature,
+	// top_p) decoding together: each is a decode call of its own every
+	// step. A request with another setting waits for a row until every row
+	// of one of them has ended, and the requests behind it wait too (first
+	// come, first served). Greedy requests share one setting whatever their
+	// top_p. Default 4.
+	MaxSamplings int `toml:"max_samplings"`
 	// MaxQuestionChars caps the question (the last user message), in Unicode
 	// code points; a longer one is answered 400. Default 4000.
 	MaxQuestionChars int `toml:"max_question_chars"`
 	// APIKeyEnv names an environment variable holding the bearer token
-	// clients must send (Authorization: Bearer ...) to /v1/ endpoints; the
+	// clients must send (Authorization: Bearer ...) to /v1/ endpoints and
+	// /metrics (see metrics_open); the
 	// variable must then be set. Empty (the default) means no
 	// authentication. The token itself never goes in a file.
 	APIKeyEnv string `toml:"api_key_env"`
+	// MetricsAddr, when not empty, is a host:port that serves GET /metrics
+	// alone, and addr then does not serve it (a private interface for the
+	// scraper, say). Default "": /metrics is served on addr.
+	MetricsAddr string `toml:"metrics_addr"`
+	// MetricsOpen serves /metrics without the bearer token when
+	// api_key_env is set. Default false: /metrics, on addr or metrics_addr,
+	// needs the same token as /v1/ (a scraper sends it as a bearer token).
+	MetricsOpen bool `toml:"metrics_open"`
 	// LogContent puts questions and answers in the access log lines.
 	// Default false: the log holds ids, status, timing, models and cost only.
 	LogContent bool `toml:"log_content"`
@@ -43,13 +69,23 @@ type Serve struct {
 // DefaultServe returns the [serve] defaults.
 func DefaultServe() Serve {
 	return Serve{Addr: "127.0.0.1:8080", MaxBatch: 32, MaxQueue: 256, RequestTimeout: 120 * time.Second,
-		DrainTimeout: 30 * time.Second, MaxBodyBytes: 1 << 20, MaxQuestionChars: 4000}
+		DrainTimeout: 30 * time.Second, MaxBodyBytes: 1 << 20, BodyTimeout: 10 * time.Second, MaxBodyReads: 64,
+		MaxSamplings: 4, MaxQuestionChars: 4000}
 }
 
 // Validate names the first bad [serve] key.
 func (s Serve) Validate() error {
 	if _, _, err := net.SplitHostPort(s.Addr); err != nil {
 		return fmt.Errorf("serve.addr = %q: want host:port: %w", s.Addr, err)
+	}
+	if s.MetricsAddr != "" {
+		_, port, err := net.SplitHostPort(s.MetricsAddr)
+		if err != nil {
+			return fmt.Errorf("serve.metrics_addr = %q: want host:port, or \"\" to serve /metrics on serve.addr: %w", s.MetricsAddr, err)
+		}
+		if s.MetricsAddr == s.Addr && port != "0" { // port 0 picks a free port for each
+			return fmt.Errorf("serve.metrics_addr = %q: the same as serve.addr; leave it \"\" to serve /metrics there", s.MetricsAddr)
+		}
 	}
 	checks := []struct {
 		bad bool
@@ -60,6 +96,9 @@ func (s Serve) Validate() error {
 		{s.RequestTimeout < 0, fmt.Sprintf("serve.request_timeout = %s: must be ≥ 0", s.RequestTimeout)},
 		{s.DrainTimeout < 0, fmt.Sprintf("serve.drain_timeout = %s: must be ≥ 0", s.DrainTimeout)},
 		{s.MaxBodyBytes < 1024, fmt.Sprintf("serve.max_body_bytes = %d: must be ≥ 1024", s.MaxBodyBytes)},
+		{s.BodyTimeout <= 0, fmt.Sprintf("serve.body_timeout = %s: must be > 0 (a body that never ends would hold its connection)", s.BodyTimeout)},
+		{s.MaxBodyReads < 1, fmt.Sprintf("serve.max_body_reads = %d: must be ≥ 1", s.MaxBodyReads)},
+		{s.MaxSamplings < 1, fmt.Sprintf("serve.max_samplings = %d: must be ≥ 1", s.MaxSamplings)},
 		{s.MaxQuestionChars < 1, fmt.Sprintf("serve.max_question_chars = %d: must be ≥ 1", s.MaxQuestionChars)},
 	}
 	for _, c := range checks {

@@ -16,7 +16,14 @@ func TestServe(t *testing.T) {
 		wantErr string
 		check   func(Serve) bool
 	}{
-		{name: "defaults", text: base, check: func(s Serve) bool { return s == DefaultServe() && s.MaxBodyBytes == 1<<20 && !s.LogContent }},
+		{name: "defaults", text: base, check: func(s Serve) bool {
+			return s == DefaultServe() && s.MaxBodyBytes == 1<<20 && !s.LogContent && s.BodyTimeout == 10*time.Second &&
+				s.MaxBodyReads == 64 && s.MaxSamplings == 4 && s.MetricsAddr == "" && !s.MetricsOpen
+		}},
+		{name: "body bounds, samplings and metrics", text: base + "\n[serve]\nbody_timeout = \"2s\"\nmax_body_reads = 8\nmax_samplings = 1\nmetrics_addr = \"127.0.0.1:9100\"\nmetrics_open = true\n",
+			check: func(s Serve) bool {
+				return s.BodyTimeout == 2*time.Second && s.MaxBodyReads == 8 && s.MaxSamplings == 1 && s.MetricsAddr == "127.0.0.1:9100" && s.MetricsOpen
+			}},
 		{name: "durations and sets", text: base + "\n[serve]\nrequest_timeout = \"5s\"\ndrain_timeout = \"250ms\"\n",
 			sets: []string{"serve.max_batch=4", "serve.addr=0.0.0.0:9000", "serve.log_content=true"},
 			check: func(s Serve) bool {
@@ -31,6 +38,15 @@ func TestServe(t *testing.T) {
 		{name: "no question", text: base, sets: []string{"serve.max_question_chars=0"}, wantErr: "serve.max_question_chars"},
 		{name: "negative timeout", text: base, sets: []string{`serve.request_timeout="-1s"`}, wantErr: "serve.request_timeout"},
 		{name: "timeout not a duration", text: base, sets: []string{`serve.drain_timeout="soon"`}, wantErr: "drain_timeout"},
+		{name: "no body timeout", text: base, sets: []string{`serve.body_timeout="0s"`}, wantErr: "serve.body_timeout"},
+		{name: "negative body timeout", text: base, sets: []string{`serve.body_timeout="-1s"`}, wantErr: "serve.body_timeout"},
+		{name: "no body reads", text: base, sets: []string{"serve.max_body_reads=0"}, wantErr: "serve.max_body_reads"},
+		{name: "no samplings", text: base, sets: []string{"serve.max_samplings=0"}, wantErr: "serve.max_samplings"},
+		{name: "samplings not a number", text: base, sets: []string{`serve.max_samplings="many"`}, wantErr: "max_samplings"},
+		{name: "metrics address without port", text: base, sets: []string{"serve.metrics_addr=localhost"}, wantErr: "serve.metrics_addr"},
+		{name: "both on a free port", text: base, sets: []string{"serve.addr=127.0.0.1:0", "serve.metrics_addr=127.0.0.1:0"},
+			check: func(s Serve) bool { return s.Addr == "127.0.0.1:0" && s.MetricsAddr == "127.0.0.1:0" }},
+		{name: "metrics on the API's address", text: base, sets: []string{"serve.addr=127.0.0.1:9000", "serve.metrics_addr=127.0.0.1:9000"}, wantErr: "serve.metrics_addr"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

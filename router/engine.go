@@ -55,6 +55,13 @@ type EngineOptions struct {
 	// or when replies arrived. On (a server), a cache row reused for a later
 	// request does not replay the draws of the one before.
 	StepSeeds bool
+	// MaxSamplings bounds the distinct RowOptions.Sampling settings among
+	// the rows decoding at once, each of which costs Extend calls of its
+	// own every step; 0 means no bound. A response with another setting
+	// waits for a row until every row of one of them has ended, and the
+	// responses submitted after it wait too (first come, first served, so
+	// none waits forever).
+	MaxSamplings int
 }
 
 // RowOptions are one response's limits within the configured protocol. The
@@ -80,7 +87,8 @@ type RowOptions struct {
 	// completes an <answer>, "eos" when it is an EOS token, else "length".
 	MaxTokens int
 	// Sampling is the response's sampling. Rows with different sampling
-	// decode in separate Decoder.Extend calls of the same step.
+	// decode in separate Decoder.Extend calls of the same step (greedy rows
+	// share one whatever their TopP and TopK, as do TopP 0 and 1).
 	Sampling generate.Sampling
 	// OnCall, when not nil, is called with every Call of the response, in
 	// order, as soon as it is known (on the goroutine that waited for the
@@ -172,6 +180,9 @@ func NewEngine(dec Decoder, tok Tokenizer, pool Pool, cfg Config, opt EngineOpti
 	if opt.Rows < 1 {
 		return nil, fmt.Errorf("router: engine: %d rows, want ≥ 1", opt.Rows)
 	}
+	if opt.MaxSamplings < 0 {
+		return nil, fmt.Errorf("router: engine: at most %d samplings, want ≥ 0 (0: no bound)", opt.MaxSamplings)
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("router: engine: %w", err)
 	}
@@ -206,6 +217,7 @@ func (e *Engine) Submit(ctx context.Context, job Job, opt RowOptions) (*Pending,
 		// A value the decoder rejects would fail the whole step, every row.
 		return nil, fmt.Errorf("%w: sampling %+v: want temperature ≥ 0, top_p in [0, 1], top_k ≥ 0", ErrInvalidRow, s)
 	}
+	p.opt.Sampling = sameDraws(s)
 	p.maxTurns = e.cfg.MaxTurns
 	if opt.MaxTurns > 0 {
 		p.maxTurns = opt.MaxTurns
@@ -394,11 +406,34 @@ func (e *Engine) loop(ctx context.Context, untilIdle bool) (err error) {
 	}
 }
 
-// admit moves waiting responses into free rows, emptying rows that held
-// earlier responses.
+// sameDraws is s with the settings that do not change the decoder's choice
+// cleared: greedy decoding ignores TopP and TopK, and TopP 1 is off like 0.
+// Rows whose settings differ only there share an Extend call.
+func sameDraws(s generate.Sampling) generate.Sampling {
+	if s.Temperature == 0 {
+		return generate.Sampling{}
+	}
+	if s.TopP == 1 {
+		s.TopP = 0
+	}
+	return s
+}
+
+// admit moves waiting responses into free rows, in order, emptying rows
+// that held earlier responses. With EngineOptions.MaxSamplings, a response
+// whose sampling would be one too many stops the admissions until a
+// sampling's last row ends.
 func (e *Engine) admit(ctx context.Context) error {
 	var reset []int
 	e.mu.Lock()
+	var samplings []generate.Sampling
+	if e.opt.MaxSamplings > 0 {
+		for _, p := range e.slots {
+			if p != nil && !slices.Contains(samplings, p.opt.Sampling) {
+				samplings = append(samplings, p.opt.Sampling)
+			}
+		}
+	}
 	row := 0
 	for len(e.queue) > 0 {
 		for row < len(e.slots) && e.slots[row] != nil {
@@ -408,12 +443,19 @@ func (e *Engine) admit(ctx context.Context) error {
 			break
 		}
 		p := e.queue[0]
-		e.queue = e.queue[1:]
 		if err := p.ctx.Err(); err != nil {
+			e.queue = e.queue[1:]
 			p.err = err
 			close(p.done)
 			continue
 		}
+		if e.opt.MaxSamplings > 0 && !slices.Contains(samplings, p.opt.Sampling) {
+			if len(samplings) == e.opt.MaxSamplings {
+				break
+			}
+			samplings = append(samplings, p.opt.Sampling)
+		}
+		e.queue = e.queue[1:]
 		p.row = row
 		e.slots[row] = p
 		e.active++

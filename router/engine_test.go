@@ -392,6 +392,126 @@ func TestEngineSamplingAndSeeds(t *testing.T) {
 	}
 }
 
+// With EngineOptions.MaxSamplings, no decode step holds more distinct
+// samplings than the bound (each is Extend calls of its own), every
+// response still ends, and settings that draw alike share a call (greedy
+// whatever its top_p; top_p 1 and 0). Without the bound, the same
+// responses decode four samplings in one step.
+func TestEngineMaxSamplings(t *testing.T) {
+	tok := loadTok(t)
+	pool := simPool(t, 0)
+	var scripts [][]string
+	for k := range 6 {
+		scripts = append(scripts, []string{"<think>" + strings.Repeat("word ", 3+4*k) + "</think><answer>a</answer>"})
+	}
+	samplings := []generate.Sampling{
+		{Temperature: 0.7}, {Temperature: 0.9}, {Temperature: 1.1}, {Temperature: 0.7},
+		{Temperature: 1.3}, {TopP: 0.5}, {Temperature: 0.9, TopP: 1}, {},
+	}
+	for _, c := range []struct {
+		name      string
+		max       int
+		wantSteps func(most int) bool
+		want      string
+	}{
+		{"bound 2", 2, func(most int) bool { return most <= 2 }, "at most 2"},
+		{"bound 1", 1, func(most int) bool { return most == 1 }, "1"},
+		{"no bound", 0, func(most int) bool { return most >= 4 }, "4 or more (all rows' settings differ)"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dec := newScripted(tok, scripts...)
+			e, err := NewEngine(dec, tok, pool, Config{MaxTurns: 1, TurnTokens: 64, InfoTokens: 8},
+				EngineOptions{Rows: 4, EOS: []int32{int32(tok.EOS())}, Seed: 3, StepSeeds: true, MaxSamplings: c.max})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ps []*Pending
+			for k, s := range samplings {
+				p, err := e.Submit(context.Background(), Job{Question: testQuestion, Prompt: scriptPrompt(k % len(scripts))}, RowOptions{Sampling: s})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ps = append(ps, p)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := e.drain(ctx); err != nil {
+				t.Fatalf("drain: %v (a response waited forever?)", err)
+			}
+			for k, p := range ps {
+				if s, err := p.Result(); err != nil || s.End != "answer" {
+					t.Errorf("response %d (sampling %+v): end %q, %v; want an answer", k, samplings[k], s.End, err)
+				}
+			}
+			perStep := map[uint64][]generate.Sampling{} // StepSeeds: one seed per step
+			var unnormal []generate.Sampling
+			for _, st := range dec.steps {
+				if !slices.Contains(perStep[st.seed], st.s) {
+					perStep[st.seed] = append(perStep[st.seed], st.s)
+				}
+				if (st.s.Temperature == 0 && st.s != generate.Sampling{} || st.s.TopP == 1) && !slices.Contains(unnormal, st.s) {
+					unnormal = append(unnormal, st.s)
+				}
+			}
+			if len(unnormal) > 0 {
+				t.Errorf("Extend calls with samplings %+v; want greedy as {} and top_p 1 as 0 (they draw alike: one call)", unnormal)
+			}
+			most := 0
+			for _, ss := range perStep {
+				most = max(most, len(ss))
+			}
+			if !c.wantSteps(most) {
+				t.Errorf("a decode step held %d distinct samplings with MaxSamplings %d; want %s", most, c.max, c.want)
+			}
+			dec.checkClean(t)
+		})
+	}
+	if _, err := NewEngine(newScripted(tok), tok, pool, Config{MaxTurns: 1, TurnTokens: 8, InfoTokens: 8},
+		EngineOptions{Rows: 1, MaxSamplings: -1}); err == nil || !strings.Contains(err.Error(), "samplings") {
+		t.Errorf("NewEngine with MaxSamplings -1: %v; want an error naming the samplings bound", err)
+	}
+}
+
+// A response whose sampling is one too many is not overtaken by later
+// responses of a sampling already decoding (which could keep it waiting
+// forever): the rows wait for it, first come, first served.
+func TestEngineMaxSamplingsInOrder(t *testing.T) {
+	tok := loadTok(t)
+	short := []string{"<think>word</think><answer>a</answer>"}
+	long := []string{"<think>" + strings.Repeat("word ", 12) + "</think><answer>a</answer>"}
+	dec := newScripted(tok, short, long)
+	e, err := NewEngine(dec, tok, simPool(t, 0), Config{MaxTurns: 1, TurnTokens: 64, InfoTokens: 8},
+		EngineOptions{Rows: 2, EOS: []int32{int32(tok.EOS())}, Seed: 3, StepSeeds: true, MaxSamplings: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Were the third and fourth let past the second, they would keep its
+	// sampling out until both had ended: the first ends early, then the
+	// fourth would take its row beside the long third.
+	a, b := generate.Sampling{Temperature: 0.5}, generate.Sampling{Temperature: 1}
+	for k, s := range []generate.Sampling{a, b, a, a} {
+		script := 0
+		if k >= 2 {
+			script = 1
+		}
+		if _, err := e.Submit(context.Background(), Job{Question: testQuestion, Prompt: scriptPrompt(script)}, RowOptions{Sampling: s}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var runs []generate.Sampling // the samplings of the Extend calls, repeats folded
+	for _, st := range dec.steps {
+		if len(runs) == 0 || runs[len(runs)-1] != st.s {
+			runs = append(runs, st.s)
+		}
+	}
+	if want := []generate.Sampling{a, b, a}; !slices.Equal(runs, want) {
+		t.Errorf("decode calls by sampling %+v; want %+v: the second response (its own sampling) before the third and fourth", runs, want)
+	}
+}
+
 // slowPool is the sim pool, noting each call's context error when the call
 // returns.
 type slowPool struct {

@@ -23,7 +23,7 @@ var errRequestTimeout = errors.New("serve: request timeout")
 // (plainly or as server-sent events).
 func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	ri := infoOf(r.Context())
-	body, aerr := readBody(w, r, s.opt.Config.MaxBodyBytes)
+	body, aerr := s.body(w, r)
 	if aerr != nil {
 		writeError(w, aerr)
 		return
@@ -80,6 +80,53 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Recal-Cost-USD", formatCost(res.CostUSD))
 	c.record(res, nil)
 	writeJSON(w, http.StatusOK, resp)
+}
+
+// lingerClose is how long the rest of a body that will not be read is
+// still received (and dropped) after the response, before its connection
+// closes: closing with bytes unread makes the kernel reset the connection,
+// which can destroy the response before the client reads it (net/http
+// waits as long after a body over its limit).
+const lingerClose = 500 * time.Millisecond
+
+// body reads the request's body, bounded in count and time: at most
+// serve.max_body_reads bodies are read at once (a request beyond them is
+// answered 503 before a byte of its body is read), each within
+// serve.body_timeout of its headers (observe set the connection's read
+// deadline; 408 beyond it). So clients trickling their bodies hold at most
+// max_body_reads buffers of max_body_bytes, each for body_timeout at most.
+// A request whose body was not read in full closes its connection within
+// lingerClose of its response.
+func (s *Server) body(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
+	rc := http.NewResponseController(w)
+	closeSoon := func() {
+		w.Header().Set("Connection", "close")
+		rc.SetReadDeadline(time.Now().Add(lingerClose))
+	}
+	select {
+	case s.bodies <- struct{}{}:
+	default:
+		s.metrics.bodyRefused.WithLabelValues("busy").Inc()
+		w.Header().Set("Retry-After", "1")
+		closeSoon()
+		return nil, &apiError{Status: http.StatusServiceUnavailable, Type: typeServer, Code: strp("server_busy"),
+			Message: fmt.Sprintf("the server is reading %d request bodies (serve.max_body_reads); retry later", cap(s.bodies))}
+	}
+	s.metrics.bodyReads.Inc()
+	body, aerr := readBody(w, r, s.opt.Config.MaxBodyBytes, s.opt.Config.BodyTimeout)
+	s.metrics.bodyReads.Dec()
+	<-s.bodies
+	if aerr != nil {
+		if aerr.Status == http.StatusRequestTimeout {
+			s.metrics.bodyRefused.WithLabelValues("timeout").Inc()
+		}
+		closeSoon() // the rest of the body stays unread: no request follows it
+		return nil, aerr
+	}
+	// The answer may take longer than the body's deadline, which would cut
+	// the connection (and cancel the request) if it stayed.
+	rc.SetReadDeadline(time.Time{})
+	return body, nil
 }
 
 // completion is one chat completion in progress.

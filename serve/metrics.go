@@ -20,6 +20,8 @@ type metrics struct {
 	latency      *prometheus.HistogramVec
 	inflight     prometheus.Gauge
 	rejected     prometheus.Counter
+	bodyReads    prometheus.Gauge
+	bodyRefused  *prometheus.CounterVec
 	poolCalls    *prometheus.CounterVec
 	poolFailures *prometheus.CounterVec
 	poolCost     *prometheus.CounterVec
@@ -43,6 +45,10 @@ func newMetrics(b Backend, models []string) *metrics {
 			Help: "HTTP requests being handled."}),
 		rejected: prometheus.NewCounter(prometheus.CounterOpts{Name: "recal_serve_rejected_total",
 			Help: "Chat requests answered 429 because max_batch + max_queue requests were in flight."}),
+		bodyReads: prometheus.NewGauge(prometheus.GaugeOpts{Name: "recal_serve_body_reads",
+			Help: "Chat request bodies being read (at most serve.max_body_reads)."}),
+		bodyRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "recal_serve_body_refused_total",
+			Help: "Chat requests whose body was not read in full: busy (503, max_body_reads bodies were being read) or timeout (408, slower than body_timeout)."}, []string{"reason"}),
 		poolCalls: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "recal_serve_pool_calls_total",
 			Help: "Pool calls made for answered requests, by pool model."}, []string{"model"}),
 		poolFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "recal_serve_pool_failures_total",
@@ -59,8 +65,10 @@ func newMetrics(b Backend, models []string) *metrics {
 		Help: "Requests waiting for a decoding row."}, func() float64 { _, w := b.Stats(); return float64(w) })
 	batch := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "recal_serve_batch_rows",
 		Help: "Requests decoding together (rows of the policy's batch)."}, func() float64 { a, _ := b.Stats(); return float64(a) })
-	m.reg.MustRegister(m.requests, m.latency, m.inflight, m.rejected, m.poolCalls, m.poolFailures, m.poolCost, m.tokens, m.refusals, queue, batch,
+	m.reg.MustRegister(m.requests, m.latency, m.inflight, m.rejected, m.bodyReads, m.bodyRefused, m.poolCalls, m.poolFailures, m.poolCost, m.tokens, m.refusals, queue, batch,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.bodyRefused.WithLabelValues("busy")
+	m.bodyRefused.WithLabelValues("timeout")
 	for _, name := range append(models, otherModel) {
 		m.known[name] = true
 		m.poolCalls.WithLabelValues(name)

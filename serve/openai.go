@@ -8,9 +8,11 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/recal-project/recal/router"
@@ -112,8 +114,9 @@ type limits struct {
 }
 
 // readBody reads a request body of at most limit bytes (413 beyond) that is
-// valid UTF-8 (400 otherwise).
-func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, *apiError) {
+// valid UTF-8 (400 otherwise) before the connection's read deadline, which
+// is timeout after the headers (408 after it).
+func readBody(w http.ResponseWriter, r *http.Request, limit int64, timeout time.Duration) ([]byte, *apiError) {
 	tooLarge := &apiError{Status: http.StatusRequestEntityTooLarge, Type: typeInvalid, Code: strp("request_too_large"),
 		Message: fmt.Sprintf("request body is larger than serve.max_body_bytes (%d bytes)", limit)}
 	if r.ContentLength > limit {
@@ -124,6 +127,9 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, *api
 	switch {
 	case errors.As(err, &mbe):
 		return nil, tooLarge
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return nil, &apiError{Status: http.StatusRequestTimeout, Type: typeInvalid, Code: strp("body_timeout"),
+			Message: fmt.Sprintf("the request body did not arrive within serve.body_timeout (%s)", timeout)}
 	case err != nil:
 		return nil, &apiError{Status: http.StatusBadRequest, Type: typeInvalid, Message: "reading the request body: " + err.Error()}
 	case !utf8.Valid(body):
@@ -246,8 +252,11 @@ func jsonError(err error) *apiError {
 	case errors.As(err, &se):
 		return badRequest("", "invalid_json", "the request body is not valid JSON: %s (at byte %d)", strings.TrimPrefix(msg, "json: "), se.Offset)
 	case errors.As(err, &te):
-		field := te.Field
-		return badRequest(field, "invalid_type", "%s: want a JSON %s, got %s", field, jsonKind(te.Type.Kind().String()), te.Value)
+		field, what := te.Field, te.Field
+		if what == "" {
+			what = "the request body"
+		}
+		return badRequest(field, "invalid_type", "%s: want a JSON %s, got %s", cut(what, 100), jsonKind(te.Type.Kind().String()), te.Value)
 	case errors.Is(err, io.EOF):
 		return badRequest("", "invalid_json", "the request body is empty: want a JSON object")
 	case errors.Is(err, io.ErrUnexpectedEOF):

@@ -6,8 +6,9 @@
 // GET /healthz, GET /readyz and GET /metrics (Prometheus). The policy and its
 // batching live behind Backend (trainer.Service); this package does the
 // HTTP: validation, admission (at most max_batch + max_queue requests in
-// flight, 429 beyond), authentication, limits, timeouts, logs, traces,
-// metrics and a graceful drain.
+// flight, 429 beyond; at most max_body_reads bodies being read, each within
+// body_timeout), authentication, limits, timeouts, logs, traces, metrics
+// and a graceful drain.
 package serve
 
 import (
@@ -46,8 +47,12 @@ type Options struct {
 	Models []llmpool.ModelInfo
 	// MaxTurns is router.max_turns, the most pool calls a request may ask for.
 	MaxTurns int
-	// APIKey is the bearer token clients must send to /v1/; "" means none.
+	// APIKey is the bearer token clients must send to /v1/ and, unless
+	// Config.MetricsOpen, to /metrics; "" means none.
 	APIKey string
+	// MetricsListener serves GET /metrics alone when Config.MetricsAddr is
+	// set (it is then required, and closed by Serve); nil otherwise.
+	MetricsListener net.Listener
 	// Backend answers the questions.
 	Backend Backend
 	// Log receives the access log and errors; nil discards them.
@@ -62,12 +67,15 @@ type Server struct {
 	opt     Options
 	log     *slog.Logger
 	lim     limits
-	keyHash [32]byte // SHA-256 of APIKey, compared in constant time
-	slots   chan struct{}
+	keyHash [32]byte      // SHA-256 of APIKey, compared in constant time
+	slots   chan struct{} // requests admitted: max_batch + max_queue
+	bodies  chan struct{} // request bodies being read: max_body_reads
 	ready   atomic.Bool
 	metrics *metrics
 	handler http.Handler
-	created int64
+	// metricsOnly serves /metrics alone, on MetricsListener; nil without one.
+	metricsOnly http.Handler
+	created     int64
 
 	traceMu sync.Mutex
 
@@ -88,11 +96,17 @@ func New(opt Options) (*Server, error) {
 	if opt.Name == "" {
 		return nil, fmt.Errorf("serve: the router has no name")
 	}
+	switch {
+	case opt.Config.MetricsAddr != "" && opt.MetricsListener == nil:
+		return nil, fmt.Errorf("serve: serve.metrics_addr = %q but no listener for it (Options.MetricsListener)", opt.Config.MetricsAddr)
+	case opt.Config.MetricsAddr == "" && opt.MetricsListener != nil:
+		return nil, fmt.Errorf("serve: a metrics listener, but serve.metrics_addr is empty (/metrics is served on serve.addr)")
+	}
 	if opt.Log == nil {
 		opt.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	s := &Server{opt: opt, log: opt.Log, slots: make(chan struct{}, opt.Config.MaxBatch+opt.Config.MaxQueue),
-		created: time.Now().Unix()}
+		bodies: make(chan struct{}, opt.Config.MaxBodyReads), created: time.Now().Unix()}
 	s.lim = limits{name: opt.Name, models: map[string]string{}, maxTurns: opt.MaxTurns, maxQuestionChars: opt.Config.MaxQuestionChars}
 	var names []string
 	for _, m := range opt.Models {
@@ -111,13 +125,33 @@ func New(opt Options) (*Server, error) {
 	mux.Handle("/v1/models/{id}", s.only(http.MethodGet, s.auth(http.HandlerFunc(s.model))))
 	mux.Handle("/healthz", s.only(http.MethodGet, http.HandlerFunc(s.healthz)))
 	mux.Handle("/readyz", s.only(http.MethodGet, http.HandlerFunc(s.readyz)))
-	mux.Handle("/metrics", s.only(http.MethodGet, s.metrics.handler()))
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, &apiError{Status: http.StatusNotFound, Type: typeInvalid, Code: strp("not_found"),
-			Message: fmt.Sprintf("no endpoint %s %s (recal serves POST /v1/chat/completions, GET /v1/models, /healthz, /readyz, /metrics)", r.Method, cut(r.URL.Path, 100))})
-	})
+	// /metrics needs the API key (when one is set) unless metrics_open,
+	// wherever it is served.
+	metricsH := s.only(http.MethodGet, s.metrics.handler())
+	if !opt.Config.MetricsOpen {
+		metricsH = s.auth(metricsH)
+	}
+	endpoints := "POST /v1/chat/completions, GET /v1/models, /healthz, /readyz, /metrics"
+	if opt.MetricsListener == nil {
+		mux.Handle("/metrics", metricsH)
+	} else {
+		endpoints = "POST /v1/chat/completions, GET /v1/models, /healthz, /readyz; /metrics is on serve.metrics_addr"
+		only := http.NewServeMux()
+		only.Handle("/metrics", metricsH)
+		only.Handle("/", notFound("GET /metrics"))
+		s.metricsOnly = s.observe(only)
+	}
+	mux.Handle("/", notFound(endpoints))
 	s.handler = s.observe(mux)
 	return s, nil
+}
+
+// notFound answers 404 naming the endpoints served.
+func notFound(endpoints string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, &apiError{Status: http.StatusNotFound, Type: typeInvalid, Code: strp("not_found"),
+			Message: fmt.Sprintf("no endpoint %s %s (recal serves %s)", cut(r.Method, 20), cut(r.URL.Path, 100), endpoints)})
+	})
 }
 
 // Handler is the server's root handler (for httptest or another listener).
@@ -127,13 +161,63 @@ func (s *Server) Handler() http.Handler { return s.handler }
 // only when it is.
 func (s *Server) SetReady(ok bool) { s.ready.Store(ok) }
 
-// Serve serves HTTP on ln until ctx is done, then stops accepting
-// connections, lets the requests in flight finish within
-// serve.drain_timeout (then cuts them: ErrDrainTimeout) and returns once
-// every handler has returned. ln is closed.
+// Serve serves HTTP on ln (and /metrics on Options.MetricsListener, when
+// set) until ctx is done, then stops accepting connections, lets the
+// requests in flight finish within serve.drain_timeout (then cuts them:
+// ErrDrainTimeout) and returns once every handler has returned. The
+// listeners are closed.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	hs := &http.Server{
-		Handler:           s.handler,
+	type served struct {
+		hs *http.Server
+		ln net.Listener
+	}
+	all := []served{{s.httpServer(s.handler), ln}}
+	if s.opt.MetricsListener != nil {
+		all = append(all, served{s.httpServer(s.metricsOnly), s.opt.MetricsListener})
+	}
+	errc := make(chan error, len(all))
+	for _, sv := range all {
+		go func() { errc <- sv.hs.Serve(sv.ln) }()
+	}
+	running := len(all)
+	var failed error
+	select {
+	case err := <-errc: // a listener failed: drain what was accepted
+		failed = fmt.Errorf("serve: %w", err)
+		running--
+	case <-ctx.Done():
+	}
+	s.SetReady(false)
+	s.log.Info("serve: draining", "timeout", s.opt.Config.DrainTimeout.String())
+	dctx, cancel := context.WithTimeout(context.Background(), s.opt.Config.DrainTimeout)
+	defer cancel()
+	var err error
+	for i, sv := range all {
+		e := sv.hs.Shutdown(dctx)
+		if errors.Is(e, context.DeadlineExceeded) {
+			sv.hs.Close() // closing the connections cancels the requests' contexts
+			if i == 0 {
+				err = ErrDrainTimeout
+			}
+		}
+	}
+	for ; running > 0; running-- {
+		<-errc // http.ErrServerClosed, or the other listener's failure
+	}
+	s.handlers.Wait() // the handlers cut by Close return once their rows are cancelled
+	if failed != nil {
+		return failed
+	}
+	return err
+}
+
+// httpServer is an http.Server for h with the server's timeouts. Reading a
+// request body is bounded by serve.body_timeout (observe sets the
+// deadline); writing a response is not, since a streamed one lasts as long
+// as its answer.
+func (s *Server) httpServer(h http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		// Request contexts do not derive from ctx: a shutdown drains them
@@ -141,31 +225,6 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		BaseContext: func(net.Listener) context.Context { return context.Background() },
 		ErrorLog:    slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
-	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(ln) }()
-	var failed error
-	select {
-	case err := <-errc: // the listener failed: drain what was accepted
-		failed = fmt.Errorf("serve: %w", err)
-	case <-ctx.Done():
-	}
-	s.SetReady(false)
-	s.log.Info("serve: draining", "timeout", s.opt.Config.DrainTimeout.String())
-	dctx, cancel := context.WithTimeout(context.Background(), s.opt.Config.DrainTimeout)
-	defer cancel()
-	err := hs.Shutdown(dctx)
-	if errors.Is(err, context.DeadlineExceeded) {
-		hs.Close() // closing the connections cancels the requests' contexts
-		err = ErrDrainTimeout
-	}
-	if failed == nil {
-		<-errc // http.ErrServerClosed
-	}
-	s.handlers.Wait() // the handlers cut by Close return once their rows are cancelled
-	if failed != nil {
-		return failed
-	}
-	return err
 }
 
 // only answers 405 in OpenAI's error shape to other methods.
@@ -187,8 +246,8 @@ func (s *Server) auth(h http.Handler) http.Handler {
 		return h
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		got := sha256.Sum256([]byte(strings.TrimSpace(token)))
+		token, ok := bearerToken(r.Header.Get("Authorization"))
+		got := sha256.Sum256([]byte(token))
 		if !ok || subtle.ConstantTimeCompare(got[:], s.keyHash[:]) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="recal"`)
 			writeError(w, &apiError{Status: http.StatusUnauthorized, Type: typeInvalid, Code: strp("invalid_api_key"),
@@ -197,6 +256,17 @@ func (s *Server) auth(h http.Handler) http.Handler {
 		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+// bearerToken returns the token of an Authorization header of the Bearer
+// scheme, whose name is case-insensitive (RFC 7235 section 2.1: "bearer",
+// "BEARER"); the spaces around the token do not count.
+func bearerToken(h string) (string, bool) {
+	scheme, token, ok := strings.Cut(strings.TrimLeft(h, " \t"), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	return strings.Trim(token, " \t"), true
 }
 
 // reqInfo is what a handler tells the access log about its request.
@@ -221,6 +291,11 @@ func (s *Server) observe(h http.Handler) http.Handler {
 		s.handlers.Add(1)
 		defer s.handlers.Done()
 		start := time.Now()
+		// The request's body must arrive within serve.body_timeout: a
+		// client trickling it is cut then (chat lifts the deadline once it
+		// has the body). A ResponseWriter without deadlines (a test's
+		// recorder) has no connection to hold.
+		http.NewResponseController(w).SetReadDeadline(start.Add(s.opt.Config.BodyTimeout))
 		ri := &reqInfo{id: newID()}
 		w.Header().Set("X-Request-Id", ri.id)
 		rec := &recorder{ResponseWriter: w}

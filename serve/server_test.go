@@ -656,7 +656,14 @@ func TestAuth(t *testing.T) {
 		{"wrong token", []string{"Authorization", "Bearer client-token-124"}, 401},
 		{"prefix of the token", []string{"Authorization", "Bearer client-token"}, 401},
 		{"not bearer", []string{"Authorization", "Basic client-token-123"}, 401},
+		{"no scheme", []string{"Authorization", "client-token-123"}, 401},
+		{"scheme glued to the token", []string{"Authorization", "Bearerclient-token-123"}, 401},
+		{"empty token", []string{"Authorization", "Bearer "}, 401},
 		{"right token", []string{"Authorization", "Bearer client-token-123"}, 200},
+		// RFC 7235 section 2.1: the scheme's name is case-insensitive.
+		{"lower-case scheme", []string{"Authorization", "bearer client-token-123"}, 200},
+		{"upper-case scheme", []string{"Authorization", "BEARER client-token-123"}, 200},
+		{"mixed-case scheme, spaces around the token", []string{"Authorization", "bEaReR   client-token-123 "}, 200},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -674,8 +681,10 @@ func TestAuth(t *testing.T) {
 			t.Errorf("%s: %d without a token, want 200 (probes need no token)", p, resp.StatusCode)
 		}
 	}
-	if resp, _ := f.get(t, "/v1/models"); resp.StatusCode != 401 {
-		t.Errorf("/v1/models without a token: %d, want 401", resp.StatusCode)
+	for _, p := range []string{"/v1/models", "/metrics"} {
+		if resp, _ := f.get(t, p); resp.StatusCode != 401 {
+			t.Errorf("%s without a token: %d, want 401", p, resp.StatusCode)
+		}
 	}
 	if strings.Contains(f.log.String(), "client-token-123") {
 		t.Error("the log holds the client token")
@@ -799,6 +808,90 @@ func TestMetrics(t *testing.T) {
 		if !strings.Contains(text, want) {
 			t.Errorf("metrics lack %q:\n%s", want, grep(text, "recal_"))
 		}
+	}
+}
+
+// /metrics needs the API key when one is set, unless serve.metrics_open; on
+// serve.metrics_addr it is served alone (and addr does not serve it), with
+// the same rule.
+func TestMetricsAccess(t *testing.T) {
+	const key = "client-token-123"
+	cases := []struct {
+		name      string
+		apiKey    string
+		open      bool
+		ownAddr   bool
+		noToken   int // /metrics without a token
+		withToken int
+	}{
+		{"no API key", "", false, false, 200, 200},
+		{"API key", key, false, false, 401, 200},
+		{"API key, metrics_open", key, true, false, 200, 200},
+		{"own address, API key", key, false, true, 401, 200},
+		{"own address, API key, metrics_open", key, true, true, 200, 200},
+		{"own address, no API key", "", false, true, 200, 200},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var metricsLn net.Listener
+			f := newFixture(t, simPool(t, 0), 0, func(o *Options) {
+				o.APIKey, o.Config.MetricsOpen = c.apiKey, c.open
+				if c.ownAddr {
+					ln, err := net.Listen("tcp", "127.0.0.1:0")
+					if err != nil {
+						t.Fatal(err)
+					}
+					metricsLn, o.MetricsListener, o.Config.MetricsAddr = ln, ln, ln.Addr().String()
+				}
+			})
+			f.http.Close() // Serve, with both listeners
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, stop := context.WithCancel(context.Background())
+			served := make(chan error, 1)
+			go func() { served <- f.srv.Serve(ctx, ln) }()
+			client := &http.Client{Transport: &http.Transport{}}
+			t.Cleanup(func() {
+				client.CloseIdleConnections()
+				stop()
+				if err := <-served; err != nil {
+					t.Errorf("Serve: %v", err)
+				}
+			})
+			get := func(base, path string, token bool) (int, string) {
+				t.Helper()
+				req, _ := http.NewRequest(http.MethodGet, "http://"+base+path, nil)
+				if token {
+					req.Header.Set("Authorization", "Bearer "+key)
+				}
+				resp, err := client.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer resp.Body.Close()
+				b, _ := io.ReadAll(resp.Body)
+				return resp.StatusCode, string(b)
+			}
+			metricsAt := ln.Addr().String()
+			if c.ownAddr {
+				metricsAt = metricsLn.Addr().String()
+				if code, b := get(ln.Addr().String(), "/metrics", true); code != 404 || !strings.Contains(b, "serve.metrics_addr") {
+					t.Errorf("/metrics on serve.addr: %d %s; want 404 saying it is on serve.metrics_addr", code, b)
+				}
+				if code, _ := get(metricsAt, "/v1/models", true); code != 404 {
+					t.Errorf("/v1/models on serve.metrics_addr: %d; want 404 (it serves /metrics alone)", code)
+				}
+			}
+			if code, b := get(metricsAt, "/metrics", false); code != c.noToken {
+				t.Errorf("/metrics without a token: %d, want %d: %s", code, c.noToken, cut(b, 200))
+			}
+			code, b := get(metricsAt, "/metrics", true)
+			if code != c.withToken || !strings.Contains(b, "recal_serve_requests_total") {
+				t.Errorf("/metrics with the token: %d, want %d with the metrics: %s", code, c.withToken, cut(b, 200))
+			}
+		})
 	}
 }
 
@@ -984,6 +1077,8 @@ func TestNewRejects(t *testing.T) {
 		{"no backend", func(o *Options) { o.Backend = nil }, "no backend"},
 		{"no name", func(o *Options) { o.Name = "" }, "no name"},
 		{"bad config", func(o *Options) { o.Config.MaxBatch = 0 }, "serve.max_batch"},
+		{"metrics_addr without its listener", func(o *Options) { o.Config.MetricsAddr = "127.0.0.1:9" }, "serve.metrics_addr"},
+		{"a metrics listener without metrics_addr", func(o *Options) { o.MetricsListener = &net.TCPListener{} }, "serve.metrics_addr is empty"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -100,12 +100,18 @@ func (d resettable) Reset(ctx context.Context, rows ...int) error { return d.C.R
 // NewService makes a service of maxBatch rows decoding together: a KV cache
 // of maxBatch rows, each of the longest prompt (every pool model and
 // ServiceQuestionTokens of question) plus the router's capacity, bounded by
-// the policy's context. seed seeds sampling; it advances per decode step, so
-// a sampled answer depends on the other rows' timing. The cache is freed
-// when Run returns.
-func (e *Env) NewService(maxBatch int, seed uint64) (*Service, error) {
+// the policy's context. At most maxSamplings distinct sampling settings
+// decode together (each is a decode call of its own per step); a query with
+// another waits for a row, first come, first served
+// (router.EngineOptions.MaxSamplings). seed seeds sampling; it advances per
+// decode step, so a sampled answer depends on the other rows' timing. The
+// cache is freed when Run returns.
+func (e *Env) NewService(maxBatch, maxSamplings int, seed uint64) (*Service, error) {
 	if maxBatch < 1 {
 		return nil, fmt.Errorf("trainer: service: max batch %d, want ≥ 1", maxBatch)
+	}
+	if maxSamplings < 1 {
+		return nil, fmt.Errorf("trainer: service: max samplings %d, want ≥ 1", maxSamplings)
 	}
 	base, err := e.Prompt.Tokens(e.Engine.Tok, "")
 	if err != nil {
@@ -122,7 +128,7 @@ func (e *Env) NewService(maxBatch int, seed uint64) (*Service, error) {
 		return nil, err
 	}
 	eng, err := router.NewEngine(resettable{Decoder{C: cache}}, e.Engine.Tok, e.Pool, e.Router,
-		router.EngineOptions{Rows: maxBatch, EOS: e.Engine.EOS, Seed: seed, StepSeeds: true})
+		router.EngineOptions{Rows: maxBatch, EOS: e.Engine.EOS, Seed: seed, StepSeeds: true, MaxSamplings: maxSamplings})
 	if err != nil {
 		cache.Close()
 		return nil, err

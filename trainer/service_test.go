@@ -16,6 +16,7 @@ import (
 
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
+	"github.com/recal-project/recal/generate"
 	"github.com/recal-project/recal/internal/hfmodel"
 	"github.com/recal-project/recal/internal/testenv"
 	"github.com/recal-project/recal/llmpool"
@@ -161,9 +162,9 @@ func serviceEnv(t *testing.T, ck string, extra []llmpool.ModelConfig, sets ...st
 }
 
 // startService runs a service until the test ends.
-func startService(t *testing.T, env *trainer.Env, maxBatch int) *trainer.Service {
+func startService(t *testing.T, env *trainer.Env, maxBatch, maxSamplings int) *trainer.Service {
 	t.Helper()
-	s, err := env.NewService(maxBatch, 1)
+	s, err := env.NewService(maxBatch, maxSamplings, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +209,7 @@ func TestServiceMatchesAnswer(t *testing.T) {
 				t.Fatal(err)
 			}
 			const maxBatch = 2
-			s := startService(t, env, maxBatch)
+			s := startService(t, env, maxBatch, maxBatch)
 			got := make([]trainer.ServiceAnswer, len(qs))
 			stop := make(chan struct{})
 			peak := make(chan [2]int, 1)
@@ -271,7 +272,7 @@ func sameCalls(a, b []router.Call) bool {
 // budget makes no call after the budget is spent.
 func TestServiceLimits(t *testing.T) {
 	env, cfg := serviceEnv(t, searcher(t, "sim-small"), nil)
-	s := startService(t, env, 2)
+	s := startService(t, env, 2, 2)
 	q := "Who wrote Hamlet?"
 	tok := env.Engine.Tok
 	cases := []struct {
@@ -356,13 +357,54 @@ func TestServiceLimits(t *testing.T) {
 	}
 }
 
+// With max samplings 1, queries of distinct sampling settings never decode
+// together (each setting is a decode call of its own per step), though rows
+// are free: they wait their turn, and every one is answered.
+func TestServiceMaxSamplings(t *testing.T) {
+	env, _ := serviceEnv(t, randomPolicy(t), nil)
+	if _, err := env.NewService(4, 0, 1); err == nil || !strings.Contains(err.Error(), "samplings") {
+		t.Errorf("NewService with max samplings 0: %v; want an error naming it", err)
+	}
+	s := startService(t, env, 4, 1)
+	stop := make(chan struct{})
+	peak := make(chan [2]int, 1)
+	go func() { // watch the load while the queries run
+		var most [2]int
+		defer func() { peak <- most }()
+		for {
+			a, w := s.Stats()
+			most = [2]int{max(most[0], a), max(most[1], w)}
+			select {
+			case <-stop:
+				return
+			case <-time.After(200 * time.Microsecond):
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	for i, temp := range []float64{0.3, 0.6, 0.9, 1.2} {
+		wg.Go(func() {
+			a, err := s.Answer(context.Background(), trainer.ServiceQuery{Question: "Who wrote Hamlet?",
+				Sampling: generate.Sampling{Temperature: temp}, MaxTokens: 24})
+			if err != nil || a.PolicyCompletionTokens == 0 {
+				t.Errorf("query %d (temperature %v): %d tokens, %v; want an answer", i, temp, a.PolicyCompletionTokens, err)
+			}
+		})
+	}
+	wg.Wait()
+	close(stop)
+	if most := <-peak; most[0] != 1 {
+		t.Errorf("at most %d rows decoded at once with 4 distinct temperatures and max samplings 1; want 1 (and the others waiting: at most %d did)", most[0], most[1])
+	}
+}
+
 // Cancelling a query whose pool call is in flight cancels the call and
 // frees the row for the query waiting for it.
 func TestServiceCancel(t *testing.T) {
 	slow := llmpool.ModelConfig{Name: "sim-slow", Description: "simulated; slow", Provider: "sim",
 		Sim: &llmpool.SimConfig{DefaultAccuracy: 1, Latency: time.Minute}}
 	env, _ := serviceEnv(t, searcher(t, "sim-slow"), []llmpool.ModelConfig{slow}, "pool.max_concurrency=1")
-	s := startService(t, env, 1)
+	s := startService(t, env, 1, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	first := make(chan error, 1)
 	go func() {

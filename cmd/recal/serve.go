@@ -116,6 +116,13 @@ func runServe(ctx context.Context, cmd *cli.Command) error {
 		return fmt.Errorf("serve: listen on %s: %w", cfg.Serve.Addr, err)
 	}
 	defer ln.Close()
+	var metricsLn net.Listener
+	if a := cfg.Serve.MetricsAddr; a != "" {
+		if metricsLn, err = net.Listen("tcp", a); err != nil {
+			return fmt.Errorf("serve: listen on serve.metrics_addr %s: %w", a, err)
+		}
+		defer metricsLn.Close()
+	}
 	if err := setThreadsFrom(cmd, decodingThreads(cfg.Policy)); err != nil {
 		return err
 	}
@@ -129,12 +136,12 @@ func runServe(ctx context.Context, cmd *cli.Command) error {
 		return err
 	}
 	defer env.Close()
-	svc, err := env.NewService(cfg.Serve.MaxBatch, uint64(cfg.Train.Seed))
+	svc, err := env.NewService(cfg.Serve.MaxBatch, cfg.Serve.MaxSamplings, uint64(cfg.Train.Seed))
 	if err != nil {
 		return err
 	}
 	srv, err := serve.New(serve.Options{Config: cfg.Serve, Name: name, Models: env.Pool.Models(), MaxTurns: cfg.Router.MaxTurns,
-		APIKey: apiKey, Backend: serviceBackend{svc}, Log: slog.Default(), Trace: trace})
+		APIKey: apiKey, MetricsListener: metricsLn, Backend: serviceBackend{svc}, Log: slog.Default(), Trace: trace})
 	if err != nil {
 		return err
 	}
@@ -163,8 +170,12 @@ func runServe(ctx context.Context, cmd *cli.Command) error {
 	}()
 	srv.SetReady(true)
 	url := "http://" + ln.Addr().String() + "/v1"
-	slog.Info("serving", "url", url, "model", name, "pool", len(env.Pool.Models()), "max_batch", cfg.Serve.MaxBatch,
-		"max_queue", cfg.Serve.MaxQueue, "auth", apiKey != "")
+	attrs := []any{"url", url, "model", name, "pool", len(env.Pool.Models()), "max_batch", cfg.Serve.MaxBatch,
+		"max_queue", cfg.Serve.MaxQueue, "auth", apiKey != ""}
+	if metricsLn != nil {
+		attrs = append(attrs, "metrics", "http://"+metricsLn.Addr().String()+"/metrics")
+	}
+	slog.Info("serving", attrs...)
 	fmt.Println(url)
 	err = srv.Serve(serveCtx, ln)
 	stopServe()
@@ -222,6 +233,18 @@ func dryRunServe(w io.Writer, cfg config.Config, configPath, checkpoint, name, t
 	} else {
 		ln.Close()
 	}
+	metrics := "on " + s.Addr
+	if s.MetricsAddr != "" {
+		metrics = "on " + s.MetricsAddr
+		if ln, err := net.Listen("tcp", s.MetricsAddr); err != nil {
+			p.problem("serve.metrics_addr: cannot listen on %s: %v", s.MetricsAddr, err)
+		} else {
+			ln.Close()
+		}
+	}
+	if s.APIKeyEnv != "" && !s.MetricsOpen {
+		metrics += " with the token"
+	}
 	if trace != "" {
 		p.checkCreatable("--trace", filepath.Dir(trace))
 	}
@@ -229,7 +252,7 @@ func dryRunServe(w io.Writer, cfg config.Config, configPath, checkpoint, name, t
 	if s.APIKeyEnv != "" {
 		auth = "bearer token from $" + s.APIKeyEnv
 	}
-	p.line("serve        %s as %s: %d rows decoding, %d queued, timeout %s, drain %s, auth %s",
-		s.Addr, name, s.MaxBatch, s.MaxQueue, s.RequestTimeout, s.DrainTimeout, auth)
+	p.line("serve        %s as %s: %d rows decoding, %d queued, timeout %s, drain %s, auth %s, /metrics %s",
+		s.Addr, name, s.MaxBatch, s.MaxQueue, s.RequestTimeout, s.DrainTimeout, auth, metrics)
 	return p.finish(w)
 }

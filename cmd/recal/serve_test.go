@@ -615,6 +615,57 @@ func TestServeSIGTERM(t *testing.T) {
 	}
 }
 
+// With serve.api_key_env and serve.metrics_addr, the real server serves
+// /metrics on its own address, behind the token, and not on serve.addr;
+// the token's scheme is case-insensitive. SIGTERM closes both addresses.
+func TestServeMetricsAddr(t *testing.T) {
+	ck := testpolicy.Micro(t, "../..", 1)
+	t.Setenv("RECAL_TEST_SERVE_CLIENT_KEY", "client-key-42")
+	p := startServe(t, append([]string{"--checkpoint", ck, "--set", "serve.api_key_env=RECAL_TEST_SERVE_CLIENT_KEY",
+		"--set", "serve.metrics_addr=127.0.0.1:0"}, serveSets...)...)
+	m := regexp.MustCompile(`metrics=(http://127\.0\.0\.1:[0-9]+/metrics)`).FindStringSubmatch(p.stderr.String())
+	if m == nil {
+		t.Fatalf("the serving log line names no metrics URL: %s", p.stderr.String())
+	}
+	get := func(url, auth string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, url, nil)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	for _, c := range []struct {
+		url, auth string
+		status    int
+		has       string
+	}{
+		{m[1], "", 401, "invalid_api_key"},
+		{m[1], "Bearer client-key-42", 200, "recal_serve_requests_total"},
+		{p.root() + "/metrics", "Bearer client-key-42", 404, "serve.metrics_addr"},
+		{p.url + "/models", "bearer client-key-42", 200, "recal-policy"},
+		{p.url + "/models", "BEARER client-key-41", 401, "invalid_api_key"},
+	} {
+		if code, b := get(c.url, c.auth); code != c.status || !strings.Contains(b, c.has) {
+			t.Errorf("GET %s with %q: %d %.200s; want %d and %q", c.url, c.auth, code, b, c.status, c.has)
+		}
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	<-p.done
+	if p.code != 0 {
+		t.Errorf("exit status %d after SIGTERM, want 0: %s", p.code, p.stderr.String())
+	}
+	if _, err := http.Get(m[1]); err == nil {
+		t.Error("serve.metrics_addr still answers after the server exited")
+	}
+}
+
 // The official OpenAI SDK (npm package openai, scripts/e2e) drives the real
 // server: a plain request, a streamed one with include_usage, one
 // restricted with recal.models, and a refused one.
