@@ -95,10 +95,9 @@ type Train struct {
 	MaxGradNorm float64 `toml:"max_grad_norm"`
 	// ClipEps is the PPO ratio clip ε.
 	ClipEps float64 `toml:"clip_eps"`
-	// KLCoef weighs the k3 KL penalty to the frozen starting policy; 0 keeps
-	// no reference policy in memory. With algorithm "ppo" it is Router-R1's
-	// in-reward coefficient instead: −kl_coef·(log π_old − log π_ref) on
-	// every policy token's reward, and no KL term in the loss.
+	// KLCoef weighs GRPO's k3 KL penalty to the frozen starting policy in
+	// the loss; 0 keeps no reference policy in memory. Algorithm "ppo" does
+	// not read it: its KL is in the reward, weighed by ppo.kl_coef.
 	KLCoef float64 `toml:"kl_coef"`
 	// EntropyCoef weighs an entropy bonus (0 = none).
 	EntropyCoef float64 `toml:"entropy_coef"`
@@ -169,11 +168,28 @@ type PPO struct {
 	// CostWindow is the number of recent responses whose √cost sets the
 	// normalisation (Router-R1: 1000).
 	CostWindow int `toml:"cost_window"`
+	// KLCoef is β of the in-reward KL penalty: −β·(log π_old − log π_ref)
+	// on every policy token's reward, and no KL term in the loss (verl's
+	// use_kl_in_reward); 0 keeps no reference policy in memory. The default
+	// is Router-R1's: its train.sh sets algorithm.kl_ctrl.kl_coef=0.001.
+	// PPO does not read train.kl_coef, GRPO's KL weight in the loss.
+	KLCoef float64 `toml:"kl_coef"`
+}
+
+// KLCoef is β of the configured algorithm's KL penalty to the frozen
+// starting policy: ppo.kl_coef under train.algorithm "ppo" (in the reward),
+// else train.kl_coef (in GRPO's loss). A run keeps that reference policy in
+// memory when it is > 0.
+func (c Config) KLCoef() float64 {
+	if c.Train.Algorithm == "ppo" {
+		return c.PPO.KLCoef
+	}
+	return c.Train.KLCoef
 }
 
 // DefaultPPO returns the [ppo] defaults.
 func DefaultPPO() PPO {
-	return PPO{Gamma: 1, Lam: 1, VFCoef: 0.1, ValueClip: 0.5, WhitenAdvantages: true, Outcome: "f1", CostWindow: 1000}
+	return PPO{Gamma: 1, Lam: 1, VFCoef: 0.1, ValueClip: 0.5, WhitenAdvantages: true, Outcome: "f1", CostWindow: 1000, KLCoef: 0.001}
 }
 
 // Validate checks the [ppo] table, naming the bad key.
@@ -190,6 +206,7 @@ func (p PPO) Validate() error {
 		{p.Outcome != "f1" && p.Outcome != "em", fmt.Sprintf("ppo.outcome = %q: want \"f1\" or \"em\"", p.Outcome)},
 		{p.CostCoef < 0 || p.CostCoef > 1, fmt.Sprintf("ppo.cost_coef = %g: must be in [0, 1]", p.CostCoef)},
 		{p.CostWindow < 1, fmt.Sprintf("ppo.cost_window = %d: must be ≥ 1", p.CostWindow)},
+		{p.KLCoef < 0, fmt.Sprintf("ppo.kl_coef = %g: must be ≥ 0 (0 = no KL penalty)", p.KLCoef)},
 	}
 	for _, ch := range checks {
 		if ch.bad {

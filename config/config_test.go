@@ -90,6 +90,11 @@ provider = "openai"
 		{name: "no steps, no warm-up", text: base, sets: []string{"train.steps=0"}, check: func(c Config) bool { return c.Train.Steps == 0 }},
 		{name: "min lr ratio above 1", text: base, sets: []string{"train.min_lr_ratio=1.5"}, wantErr: "train.min_lr_ratio"},
 		{name: "negative min lr ratio", text: base, sets: []string{"train.min_lr_ratio=-0.1"}, wantErr: "train.min_lr_ratio"},
+		{name: "PPO's KL is Router-R1's 0.001 by default, apart from GRPO's", text: base, sets: []string{"train.algorithm=ppo", "train.kl_coef=0.1"},
+			check: func(c Config) bool { return c.PPO.KLCoef == 0.001 && c.KLCoef() == 0.001 && c.Train.KLCoef == 0.1 }},
+		{name: "ppo.kl_coef set", text: base, sets: []string{"ppo.kl_coef=0.05"},
+			check: func(c Config) bool { return c.PPO.KLCoef == 0.05 && c.KLCoef() == c.Train.KLCoef }},
+		{name: "negative ppo.kl_coef", text: base, sets: []string{"ppo.kl_coef=-0.1"}, wantErr: "ppo.kl_coef = -0.1"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

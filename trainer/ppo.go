@@ -24,17 +24,18 @@ import (
 // tokens, a critic trained on verl's clipped value loss, and Router-R1's
 // reward: −1 for a malformed response, else the answer's F1 (or EM), with
 // its optional cost term, on the last policy token, and verl's in-reward KL
-// penalty on every policy token. The critic is a value head on the policy's
-// own trunk (Router-R1's is a separate model initialised from the policy).
+// penalty on every policy token, weighed by ppo.kl_coef. The critic is a
+// value head on the policy's own trunk (Router-R1's is a separate model
+// initialised from the policy).
 // docs/method.md, "PPO", has the formulas.
 type ppo struct {
 	cfg   config.PPO
-	kl    float64 // train.kl_coef: β of the in-reward KL penalty
+	kl    float64 // ppo.kl_coef: β of the in-reward KL penalty (not train.kl_coef, GRPO's)
 	micro int     // train.micro_batch: responses per forward pass of the values
 }
 
 func newPPO(cfg config.Config) algorithm {
-	return ppo{cfg: cfg.PPO, kl: cfg.Train.KLCoef, micro: cfg.Train.MicroBatch}
+	return ppo{cfg: cfg.PPO, kl: cfg.PPO.KLCoef, micro: cfg.Train.MicroBatch}
 }
 
 // ppoRecord is PPO's part of a rollouts.jsonl line: the response's reward,

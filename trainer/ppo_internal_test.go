@@ -150,6 +150,48 @@ func checkGAEReference(t *testing.T, dir string) (int, float64, string) {
 	return code, d, string(out)
 }
 
+// PPO's in-reward KL is weighed by ppo.kl_coef (Router-R1's 0.001 by
+// default), not by train.kl_coef, GRPO's weight of the KL in its loss: with
+// γ = λ = 1, no whitening and zero values, a response's first advantage is
+// its score minus β times the sum of its tokens' KL terms. The reference
+// policy is kept when that β is > 0.
+func TestPPOKLCoefIsItsOwn(t *testing.T) {
+	cases := []struct {
+		name    string
+		sets    []string
+		beta    float64 // the β the advantages must show
+		keepRef bool    // whether a run keeps the KL reference
+	}{
+		{"ppo.kl_coef, not train.kl_coef", []string{"train.kl_coef=0.5", "ppo.kl_coef=0.01"}, 0.01, true},
+		{"ppo.kl_coef = 0: no KL, whatever train.kl_coef", []string{"train.kl_coef=0.5", "ppo.kl_coef=0"}, 0, false},
+		{"train.kl_coef = 0 leaves PPO's", []string{"train.kl_coef=0", "ppo.kl_coef=0.2"}, 0.2, true},
+		{"Router-R1's default", []string{"train.kl_coef=0.5"}, 0.001, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cfg, err := config.Load("../recal.toml", append([]string{"train.algorithm=ppo", "ppo.whiten_advantages=false",
+				"ppo.gamma=1", "ppo.lam=1", "ppo.cost_coef=0"}, c.sets...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := cfg.KLCoef() > 0; got != c.keepRef {
+				t.Errorf("Config.KLCoef() = %g: a run keeps the reference %v, want %v", cfg.KLCoef(), got, c.keepRef)
+			}
+			// Three policy tokens after the prompt token, each with
+			// log π_old − log π_ref = 1; a well-formed right answer (score 1).
+			s := torchbridge.Sequence{Tokens: make([]int32, 4), Mask: []float32{0, 1, 1, 1},
+				OldLogp: []float32{0, -1, -1, -1}, RefLogp: []float32{0, -2, -2, -2}, OldValues: make([]float32, 4)}
+			b := &stepBatch{qs: []data.Example{{ID: "nq/1", Dataset: "nq"}}, g: 1, st: &State{},
+				seqs: []torchbridge.Sequence{s}, rewards: []router.Rewards{{Format: 1, Ans: 1, EM: 1}}, samples: []router.Sample{{}}}
+			newPPO(cfg).(ppo).fill(b)
+			want := 1 - 3*c.beta
+			if got := float64(b.ppo[0].Advantages[0]); !near(got, want, 1e-6) {
+				t.Errorf("first advantage %g, want 1 − 3·β = %g with β = %g: the in-reward KL must use ppo.kl_coef", got, want, c.beta)
+			}
+		})
+	}
+}
+
 // PPO's advantages on synthetic batches with every branch of the reward
 // (malformed, wrong, right; EM and F1; a cost term and a window that fills
 // and slides across steps), in-reward KL, observation tokens between policy
@@ -157,7 +199,8 @@ func checkGAEReference(t *testing.T, dir string) (int, float64, string) {
 // agree with gae_reference.py; one advantage moved by 1e-3 is caught.
 func TestGAEReferenceSynthetic(t *testing.T) {
 	cfg := config.Default()
-	cfg.Train.Algorithm, cfg.Train.KLCoef = "ppo", 0.2
+	// train.kl_coef differs: the logs must agree with ppo.kl_coef's β.
+	cfg.Train.Algorithm, cfg.Train.KLCoef, cfg.PPO.KLCoef = "ppo", 0.7, 0.2
 	cfg.PPO.Gamma, cfg.PPO.Lam, cfg.PPO.CostCoef, cfg.PPO.CostWindow = 0.95, 0.9, 0.3, 7
 	dir := t.TempDir()
 	if err := cfg.Write(filepath.Join(dir, "config.toml")); err != nil {
@@ -213,6 +256,47 @@ func TestGAEReferenceSynthetic(t *testing.T) {
 		t.Fatalf("gae_reference.py check: exit %d, max diff %v, want 0 and ≤ 1e-6\n%s", code, d, out)
 	}
 	t.Logf("gae_reference.py on 4 synthetic steps: max |diff| %g", d)
+
+	// A run configuration written before ppo.kl_coef existed: the reference
+	// takes train.kl_coef, the β such a run trained with.
+	legacy := func(trainKL float64) {
+		t.Helper()
+		old := cfg
+		old.Train.KLCoef = trainKL
+		path := filepath.Join(dir, "config.toml")
+		if err := old.Write(path); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var kept []string
+		table := ""
+		for _, line := range strings.Split(string(b), "\n") {
+			l := strings.TrimSpace(line)
+			if strings.HasPrefix(l, "[") {
+				table = l
+			}
+			if key, _, _ := strings.Cut(l, " ="); table != "[ppo]" || key != "kl_coef" {
+				kept = append(kept, line)
+			}
+		}
+		if err := os.WriteFile(path, []byte(strings.Join(kept, "\n")), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	legacy(cfg.PPO.KLCoef)
+	if code, d, out := checkGAEReference(t, dir); code != 0 || !(d <= 1e-6) {
+		t.Fatalf("gae_reference.py check, a config without ppo.kl_coef and train.kl_coef = the run's β: exit %d, max diff %v, want 0\n%s", code, d, out)
+	}
+	legacy(0.7)
+	if code, _, out := checkGAEReference(t, dir); code != 1 {
+		t.Fatalf("gae_reference.py check, a config without ppo.kl_coef and another train.kl_coef: exit %d, want 1 (it must read train.kl_coef then)\n%s", code, out)
+	}
+	if err := cfg.Write(filepath.Join(dir, "config.toml")); err != nil {
+		t.Fatal(err)
+	}
 
 	var rec map[string]any
 	json.Unmarshal([]byte(lines[7]), &rec)

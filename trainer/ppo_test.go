@@ -18,8 +18,9 @@ import (
 )
 
 // ppoSets are the keys of a short PPO run of the micro policy: the warm-up
-// gives the KL reference (in the reward), the cost term is on.
-var ppoSets = []string{"train.algorithm=ppo", "ppo.cost_coef=0.3", "ppo.value_clip=0.2", "ppo.lam=0.95", "ppo.value_lr=3e-2"}
+// gives the KL reference (in the reward, weighed by ppo.kl_coef, another
+// value than testConfig's train.kl_coef), the cost term is on.
+var ppoSets = []string{"train.algorithm=ppo", "ppo.cost_coef=0.3", "ppo.value_clip=0.2", "ppo.lam=0.95", "ppo.value_lr=3e-2", "ppo.kl_coef=0.02"}
 
 func gaeReference(t *testing.T, run string) (int, float64, string) {
 	t.Helper()
@@ -85,6 +86,9 @@ func TestPPOMatchesReference(t *testing.T) {
 		if !ok {
 			t.Fatalf("rollout line without a ppo record: %v", r)
 		}
+		if p["kl"] == nil {
+			t.Fatalf("step %v: a ppo record without KL terms: ppo.kl_coef = 0.02 must keep the reference", r["step"])
+		}
 		if r["step"].(float64) > 1 {
 			for _, v := range p["values"].([]any) {
 				moved = moved || v.(float64) != 0
@@ -121,7 +125,7 @@ func TestPPOResumeMatchesUninterrupted(t *testing.T) {
 		t.Fatal(err)
 	}
 	ck := microCheckpoint(t)
-	cfg := testConfig(t, ck, append(ppoSets, "sft.steps=0", "train.kl_coef=0", "train.checkpoint_every=1", "train.validate_every=0")...)
+	cfg := testConfig(t, ck, append(ppoSets, "sft.steps=0", "ppo.kl_coef=0", "train.checkpoint_every=1", "train.validate_every=0")...)
 	full := filepath.Join(t.TempDir(), "full")
 	if err := trainer.Train(context.Background(), cfg, trainer.Options{RunDir: full}); err != nil {
 		t.Fatal(err)
@@ -147,6 +151,9 @@ func TestPPOResumeMatchesUninterrupted(t *testing.T) {
 	}
 	ra, rb := readJSONL(t, filepath.Join(full, "rollouts.jsonl")), readJSONL(t, filepath.Join(part, "rollouts.jsonl"))
 	for i := range ra {
+		if p, _ := ra[i]["ppo"].(map[string]any); p == nil || p["kl"] != nil {
+			t.Fatalf("rollout line %d: ppo record %v; want one without KL terms: ppo.kl_coef = 0 keeps no reference, whatever train.kl_coef", i+1, ra[i]["ppo"])
+		}
 		if fmt.Sprint(ra[i]["ppo"]) != fmt.Sprint(rb[i]["ppo"]) {
 			t.Errorf("rollout line %d: the ppo records differ between the runs", i+1)
 		}
@@ -171,7 +178,7 @@ func TestPPOResumeMatchesUninterrupted(t *testing.T) {
 	if err := os.Remove(filepath.Join(part, "checkpoints", "last", "value_head.safetensors")); err != nil {
 		t.Fatal(err)
 	}
-	longer := testConfig(t, ck, append(ppoSets, "sft.steps=0", "train.kl_coef=0", "train.checkpoint_every=1", "train.validate_every=0", "train.steps=5")...)
+	longer := testConfig(t, ck, append(ppoSets, "sft.steps=0", "ppo.kl_coef=0", "train.checkpoint_every=1", "train.validate_every=0", "train.steps=5")...)
 	err := trainer.Train(context.Background(), longer, trainer.Options{RunDir: part, Resume: true})
 	if err == nil || !strings.Contains(err.Error(), "value_head.safetensors") {
 		t.Errorf("resuming from a checkpoint without its value head: %v, want an error naming value_head.safetensors", err)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -98,20 +99,67 @@ func runConfig(dir string, step int) (string, error) {
 	return path, nil
 }
 
+// CheckResume reports whether `recal train --resume` would continue the run
+// in dir with cfg, without --allow-config-change: nil when it would (dir
+// holds no run configuration, or one whose keys match cfg's but for
+// OperationalKeys), a *ConfigMismatchError naming the training keys that
+// differ, or the error that resume would stop with. It writes nothing.
+// Commands that reuse or continue a run (recal table1, recal ablate) check
+// with it, so that they accept exactly what train --resume accepts.
+func CheckResume(dir string, cfg config.Config) error {
+	_, err := inspectRun(dir, cfg, true, false)
+	return err
+}
+
+// RunConfig returns the configuration the run in dir trained its latest
+// steps with (config-K.toml of the largest K, else config.toml; see
+// runConfig) and its path; "" and cfg's zero value when the run has none.
+// Keys it lacks hold their defaults (see readRunConfig).
+func RunConfig(dir string) (config.Config, string, error) {
+	path, err := runConfig(dir, math.MaxInt)
+	if err != nil || path == "" {
+		return config.Config{}, "", err
+	}
+	cfg, err := readRunConfig(path)
+	return cfg, path, err
+}
+
+// readRunConfig parses a run's configuration file. A key the file lacks
+// (written before the key existed) holds its default, the behaviour the run
+// had, with one exception: a PPO run written before ppo.kl_coef existed
+// weighed its in-reward KL by train.kl_coef, so its ppo.kl_coef is that.
+func readRunConfig(path string) (config.Config, error) {
+	text, err := os.ReadFile(path)
+	if err != nil {
+		return config.Config{}, fmt.Errorf("trainer: %w", err)
+	}
+	cfg, err := config.Parse(path, text, nil)
+	if err != nil {
+		return config.Config{}, fmt.Errorf("trainer: the run's configuration: %w", err)
+	}
+	if cfg.Train.Algorithm == "ppo" {
+		var keys struct {
+			PPO map[string]any `toml:"ppo"`
+		}
+		if _, err := toml.Decode(string(text), &keys); err != nil {
+			return config.Config{}, fmt.Errorf("trainer: %s: %w", path, err)
+		}
+		if _, ok := keys.PPO["kl_coef"]; !ok {
+			cfg.PPO.KLCoef = cfg.Train.KLCoef
+		}
+	}
+	return cfg, nil
+}
+
 // configChanges compares cfg with the configuration file of a run (as
 // config.Config.Write wrote it) and returns the keys that differ, except
 // the operational ones; train.steps counts as a training key when either
-// side's train.lr_schedule decays over it. A run's file that lacks a key
-// (written before the key existed) holds its default, the behaviour the run
-// had.
+// side's train.lr_schedule decays over it. A key the run's file lacks holds
+// the value the run had (readRunConfig).
 func configChanges(path string, cfg config.Config) ([]ConfigChange, error) {
-	text, err := os.ReadFile(path)
+	old, err := readRunConfig(path)
 	if err != nil {
-		return nil, fmt.Errorf("trainer: %w", err)
-	}
-	old, err := config.Parse(path, text, nil)
-	if err != nil {
-		return nil, fmt.Errorf("trainer: resume: the run's configuration: %w", err)
+		return nil, err
 	}
 	a, err := flatConfig(old)
 	if err != nil {

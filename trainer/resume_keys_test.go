@@ -149,3 +149,75 @@ func TestConfigChangesSchedule(t *testing.T) {
 		})
 	}
 }
+
+// A PPO run folder written before ppo.kl_coef existed weighed its in-reward
+// KL by train.kl_coef: resumed or reused, it is compared with that value, not
+// with the new key's default, so that a run trained with β = 0.1 is not
+// taken for one trained with Router-R1's 0.001.
+func TestConfigChangesPPOKLBeforeItsKey(t *testing.T) {
+	load := func(t *testing.T, sets ...string) config.Config {
+		t.Helper()
+		cfg, err := config.Load("../recal.toml", append([]string{"train.kl_coef=0.1"}, sets...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	cases := []struct {
+		name    string
+		run     []string
+		dropKey bool // the run's [ppo] lacks kl_coef
+		now     []string
+		want    string // the changes as key=old>new
+	}{
+		{"PPO before the key, Router-R1's default now", []string{"train.algorithm=ppo"}, true, []string{"train.algorithm=ppo"}, "ppo.kl_coef=0.1>0.001"},
+		{"PPO before the key, its β now", []string{"train.algorithm=ppo"}, true, []string{"train.algorithm=ppo", "ppo.kl_coef=0.1"}, ""},
+		{"GRPO before the key (PPO's β unused)", nil, true, nil, ""},
+		{"PPO with the key", []string{"train.algorithm=ppo", "ppo.kl_coef=0.001"}, false, []string{"train.algorithm=ppo"}, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "config.toml")
+			run := load(t, c.run...)
+			if err := run.Write(path); err != nil {
+				t.Fatal(err)
+			}
+			if c.dropKey {
+				b, err := os.ReadFile(path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				lines := strings.Split(string(b), "\n")
+				var kept []string
+				table := ""
+				for _, line := range lines {
+					l := strings.TrimSpace(line)
+					if strings.HasPrefix(l, "[") {
+						table = l
+					}
+					if key, _, _ := strings.Cut(l, " ="); table == "[ppo]" && key == "kl_coef" {
+						continue
+					}
+					kept = append(kept, line)
+				}
+				if len(kept) != len(lines)-1 {
+					t.Fatalf("dropped %d lines, want [ppo]'s kl_coef alone", len(lines)-len(kept))
+				}
+				if err := os.WriteFile(path, []byte(strings.Join(kept, "\n")), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			changes, err := configChanges(path, load(t, c.now...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, ch := range changes {
+				got = append(got, fmt.Sprintf("%s=%s>%s", ch.Key, ch.Old, ch.New))
+			}
+			if text := strings.Join(got, " "); text != c.want {
+				t.Errorf("changes %q, want %q", text, c.want)
+			}
+		})
+	}
+}

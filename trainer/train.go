@@ -187,8 +187,9 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 	}
 
 	// The KL reference is the frozen policy at the start of GRPO, loaded on
-	// every rank.
-	if tc.KLCoef > 0 {
+	// every rank when the algorithm's KL coefficient (train.kl_coef, or
+	// ppo.kl_coef for PPO) is > 0.
+	if cfg.KLCoef() > 0 {
 		refDir := cfg.Policy.Checkpoint
 		if st.SFTDone {
 			refDir = filepath.Join(run.dir, "checkpoints", "sft")

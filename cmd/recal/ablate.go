@@ -2,13 +2,11 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/urfave/cli/v3"
@@ -37,7 +35,8 @@ func ablateCommand() *cli.Command {
 			"answer reward over steps per variant, mean over seeds, min–max band) into RUN_DIR.\n" +
 			"Resumable: run it again after a kill and finished runs and evaluations are reused,\n" +
 			"an interrupted one continues from its checkpoint. A run folder trained with another\n" +
-			"configuration is refused, naming the keys. --steps N shortens every variant's GRPO.",
+			"configuration than `recal train --resume` accepts is refused, naming the keys.\n" +
+			"--steps N shortens every variant's GRPO.",
 		Flags: append(configFlags(),
 			&cli.StringFlag{Name: "run-dir", Value: "runs/ablate", Usage: "study folder: seed-N/warmup, seed-N/<variant>, the table and the figure"},
 			&cli.StringFlag{Name: "seeds", Usage: "comma-separated train.seed values, each a full set of runs (default: the config's train.seed alone)"},
@@ -243,7 +242,7 @@ func ablationWarmup(ctx context.Context, wc config.Config, dir string, log *slog
 	if fileExists(filepath.Join(dir, "checkpoints", "last")) {
 		// With no GRPO step the only checkpoint is the warm-up's.
 		if err := trainedAs(dir, wc); err != nil {
-			return false, err
+			return false, fmt.Errorf("ablate: %w", err)
 		}
 		return false, nil
 	}
@@ -266,11 +265,14 @@ func ablationWarmup(ctx context.Context, wc config.Config, dir string, log *slog
 func ablationRun(ctx context.Context, vc config.Config, dir, warm string, log *slog.Logger) (bool, error) {
 	if fileExists(filepath.Join(dir, "checkpoints", "last")) {
 		if err := trainedAs(dir, vc); err != nil {
-			return false, err
+			return false, fmt.Errorf("ablate: %w", err)
 		}
 		done, err := finished(dir, vc.Train.Steps)
-		if err != nil || done {
-			return false, err
+		if err != nil {
+			return false, fmt.Errorf("ablate: %w", err)
+		}
+		if done {
+			return false, nil
 		}
 	} else if warm != "" {
 		if err := ablate.Seed(dir, warm, vc); err != nil {
@@ -280,15 +282,15 @@ func ablationRun(ctx context.Context, vc config.Config, dir, warm string, log *s
 	return true, trainer.Train(ctx, vc, trainer.Options{RunDir: dir, Resume: true, Log: log})
 }
 
-// ablationEval evaluates a variant's policy (checkpoints/best, else
-// checkpoints/last) on qs into dir/eval-<split>; results of the same
-// checkpoint and inputs are reused (eval.Run). It returns the exact match
-// per dataset and the datasets in table order.
+// ablationEval evaluates a variant's policy (trainer.ResolveCheckpoint:
+// checkpoints/best, else checkpoints/last) on qs into dir/eval-<split>;
+// results of the same checkpoint and inputs are reused (eval.Run). It
+// returns the exact match per dataset and the datasets in table order.
 func ablationEval(ctx context.Context, vc config.Config, dir, split string, qs []data.Example, log *slog.Logger,
 	progress func(string, int, int)) (map[string]float64, []string, error) {
-	ck := filepath.Join(dir, "checkpoints", "best")
-	if !fileExists(ck) {
-		ck = filepath.Join(dir, "checkpoints", "last")
+	ck, _, err := trainer.ResolveCheckpoint(dir)
+	if err != nil {
+		return nil, nil, fmt.Errorf("ablate: %w", err)
 	}
 	eng, err := trainer.OpenEngine(ck, torchbridge.Options{Device: vc.Policy.Device, DType: vc.Policy.DType})
 	if err != nil {
@@ -318,59 +320,4 @@ func ablationEval(ctx context.Context, vc config.Config, dir, split string, qs [
 		em[d] = sc.EM
 	}
 	return em, t.Datasets, nil
-}
-
-// trainedAs checks that the run in dir was trained with cfg, up to the
-// number of steps under a constant learning rate (a longer run continues
-// it), the [eval], [serve],
-// [embedding] and [baselines] tables and where the policy runs
-// (policy.device, policy.threads): a table must not name one configuration
-// and report another's policy. Any
-// other difference, the pool's operational settings included, is refused.
-func trainedAs(dir string, cfg config.Config) error {
-	path := filepath.Join(dir, "config.toml")
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Errorf("ablate: %s has checkpoints but no readable config.toml: %w", dir, err)
-	}
-	was, err := config.Parse(path, b, nil)
-	if err != nil {
-		return fmt.Errorf("ablate: %w", err)
-	}
-	if cfg.Train.LRSchedule == "constant" {
-		// More steps continue the run as a longer one would have run. Under
-		// a decaying schedule every step's learning rate depends on
-		// train.steps, so a changed count is refused like other keys.
-		was.Train.Steps = cfg.Train.Steps
-	}
-	was.Eval, was.Serve = cfg.Eval, cfg.Serve
-	was.Embedding, was.Baselines = cfg.Embedding, cfg.Baselines // read by the baseline routers only
-	was.Policy.Device, was.Policy.Threads = cfg.Policy.Device, cfg.Policy.Threads
-	diff, err := config.Diff(was, cfg)
-	if err != nil {
-		return err
-	}
-	if len(diff) > 0 {
-		return fmt.Errorf("ablate: %s was trained with another configuration (%s differ); choose another --run-dir or remove that run", dir, strings.Join(diff, ", "))
-	}
-	return nil
-}
-
-// finished reports whether a run's last checkpoint is at its final step.
-func finished(dir string, steps int) (bool, error) {
-	path := filepath.Join(dir, "checkpoints", "last", "trainer_state.json")
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return false, fmt.Errorf("ablate: %w", err)
-	}
-	var st struct {
-		Step *int `json:"step"`
-	}
-	if err := json.Unmarshal(b, &st); err != nil || st.Step == nil {
-		return false, fmt.Errorf("ablate: %s: no step in it (%v)", path, err)
-	}
-	if *st.Step > steps {
-		return false, fmt.Errorf("ablate: %s is at step %d, past train.steps = %d; choose another --run-dir", path, *st.Step, steps)
-	}
-	return *st.Step == steps, nil
 }

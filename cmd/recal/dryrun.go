@@ -184,8 +184,9 @@ func qwen2Tensors(cfg *hfmodel.Config) []tensorShape {
 // the micro-batches accumulate into (plus, for bfloat16, the bfloat16
 // gradients of one backward before they are added in), a float32 master
 // copy when the dtype is not float32 (the optimizer updates it), AdamW's two
-// float32 moments and, when kl_coef > 0, the frozen KL reference in
-// policy.dtype. Activations and the KV cache come on top.
+// float32 moments and, when the algorithm's KL coefficient is > 0
+// (config.Config.KLCoef), the frozen KL reference in policy.dtype.
+// Activations and the KV cache come on top.
 type memoryPlan struct {
 	parts []struct {
 		name  string
@@ -218,14 +219,15 @@ func (m memoryPlan) String() string {
 
 func gib(b int64) float64 { return float64(b) / (1 << 30) }
 
-func planMemory(params int64, pc config.Policy, train *config.Train) memoryPlan {
+// planMemory plans training with cfg, or evaluation when cfg is nil.
+func planMemory(params int64, pc config.Policy, cfg *config.Config) memoryPlan {
 	elem := int64(4)
 	if pc.DType == "bfloat16" {
 		elem = 2
 	}
 	var m memoryPlan
 	m.add("weights", params*elem)
-	if train == nil {
+	if cfg == nil {
 		return m
 	}
 	m.add("float32 gradient sums", params*4)
@@ -234,7 +236,7 @@ func planMemory(params int64, pc config.Policy, train *config.Train) memoryPlan 
 		m.add("float32 master weights", params*4)
 	}
 	m.add("AdamW moments", params*8)
-	if train.KLCoef > 0 {
+	if cfg.KLCoef() > 0 {
 		m.add("KL reference", params*elem)
 	}
 	return m
@@ -372,14 +374,18 @@ func dryRunTrain(w io.Writer, cfg config.Config, configPath, runDir string, resu
 	p.line("device       %s, %s", cfg.Policy.Device, cfg.Policy.DType)
 	if size.cfg != nil {
 		p.line("memory       %s, on %s for training (activations and the KV cache come on top)",
-			planMemory(size.params, cfg.Policy, &cfg.Train), cfg.Policy.Device)
+			planMemory(size.params, cfg.Policy, &cfg), cfg.Policy.Device)
 	}
 	p.line("data         %s", cfg.Data.Dir)
 	p.checkTrainData(cfg.Data, true)
 	p.checkPool(cfg.Pool, cfg.Router)
 	t := cfg.Train
-	p.line("train        %d SFT steps, then %d GRPO steps of %d questions × %d responses, lr %g, kl_coef %g",
-		cfg.SFT.Steps, t.Steps, t.BatchSize, t.GroupSize, t.LR, t.KLCoef)
+	kl := "train.kl_coef"
+	if t.Algorithm == "ppo" {
+		kl = "ppo.kl_coef"
+	}
+	p.line("train        %d SFT steps, then %d %s steps of %d questions × %d responses, lr %g, %s %g",
+		cfg.SFT.Steps, t.Steps, strings.ToUpper(t.Algorithm), t.BatchSize, t.GroupSize, t.LR, kl, cfg.KLCoef())
 	p.line("lr schedule  %s", t.DescribeLR())
 	holds := fileExists(filepath.Join(runDir, "metrics.jsonl")) || fileExists(filepath.Join(runDir, "checkpoints"))
 	switch {

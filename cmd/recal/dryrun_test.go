@@ -231,19 +231,23 @@ func TestPlanMemoryQwen3B(t *testing.T) {
 	if n != 3085938688 || n-151936*2048 != 2774773760 {
 		t.Fatalf("%d parameters (%d without the embedding), want 3085938688 (2774773760)", n, n-151936*2048)
 	}
+	// PPO's reference follows ppo.kl_coef (its KL is in the reward), not
+	// train.kl_coef (GRPO's, in the loss).
 	cases := []struct {
 		name  string
-		train *config.Train
+		train *config.Config
 		want  int64
 	}{
-		{"train, kl", &config.Train{KLCoef: 0.001}, n * (2 + 4 + 2 + 4 + 8 + 2)},
-		{"train, no kl", &config.Train{}, n * (2 + 4 + 2 + 4 + 8)},
+		{"train, kl", &config.Config{Train: config.Train{KLCoef: 0.001}}, n * (2 + 4 + 2 + 4 + 8 + 2)},
+		{"train, no kl", &config.Config{}, n * (2 + 4 + 2 + 4 + 8)},
+		{"ppo, ppo.kl_coef only", &config.Config{Train: config.Train{Algorithm: "ppo"}, PPO: config.PPO{KLCoef: 0.001}}, n * (2 + 4 + 2 + 4 + 8 + 2)},
+		{"ppo, train.kl_coef only", &config.Config{Train: config.Train{Algorithm: "ppo", KLCoef: 0.1}}, n * (2 + 4 + 2 + 4 + 8)},
 		{"eval", nil, n * 2},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			if got := planMemory(n, config.Policy{DType: "bfloat16"}, c.train).total(); got != c.want {
-				t.Errorf("%d bytes, want %d", got, c.want)
+				t.Errorf("%d bytes, want %d: the KL reference counts when the algorithm's own coefficient is > 0", got, c.want)
 			}
 		})
 	}

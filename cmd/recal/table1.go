@@ -55,9 +55,11 @@ func table1Command() *cli.Command {
 			"retriever), heuristic and discriminative routers (Largest, Prompt, Prompt*, KNN, KNN*, MLP,\n" +
 			"RouteLLM-MF, RouterDC, GraphRouter) and RL routers (Router-R1, ReCal = --checkpoint).\n" +
 			"Missing parts are made in --work: the outcome matrix (collect), the four fitted routers\n" +
-			"(fit), the SFT-direct checkpoint (--sft-steps) and the Router-R1 policy (PPO, --r1-steps,\n" +
-			"from the warm-up checkpoint of --checkpoint's run when it has one, so that Router-R1 and\n" +
-			"ReCal differ only in the RL algorithm). Rerunning reuses all of it and every answer.\n" +
+			"(fit), the SFT-direct checkpoint (--sft-steps) and the Router-R1 policy (PPO, as many steps\n" +
+			"as --checkpoint's run trained unless --r1-steps, from that run's warm-up checkpoint when\n" +
+			"it has one, so that Router-R1 and ReCal differ in the RL algorithm). Both RL rows evaluate\n" +
+			"their run's checkpoints/best, else checkpoints/last. Rerunning reuses all of it and every\n" +
+			"answer.\n" +
 			"Writes --work/eval-<split>/table.{json,csv,md} and prints the table.",
 		Flags: append(configFlags(),
 			&cli.StringFlag{Name: "work", Value: "runs/table1", Usage: "work folder: outcome matrix, fitted routers, checkpoints, results, table"},
@@ -65,7 +67,7 @@ func table1Command() *cli.Command {
 			&cli.StringFlag{Name: "split", Value: "all", Usage: "test split: id, ood or all"},
 			&cli.StringFlag{Name: "datasets", Usage: "comma-separated datasets (instead of --split)"},
 			&cli.IntFlag{Name: "sft-steps", Usage: "steps of the SFT-direct fit (default sft.steps)"},
-			&cli.IntFlag{Name: "r1-steps", Value: 100, Usage: "PPO steps of the Router-R1 policy (shortened from train.steps)"},
+			&cli.IntFlag{Name: "r1-steps", Usage: "PPO steps of the Router-R1 policy (default: train.steps of --checkpoint's run, from its config.toml: ReCal's step budget)"},
 			&cli.StringFlag{Name: "r1-start", Usage: "checkpoint Router-R1 starts from, with no warm-up (default: checkpoints/sft of --checkpoint's run, else policy.checkpoint with the [sft] warm-up)"},
 			&cli.StringFlag{Name: "largest", Usage: "pool model of the largest router (default: highest output price)"},
 			&cli.StringFlag{Name: "selector", Usage: "pool model the prompt routers ask (default: the largest)"},
@@ -89,7 +91,7 @@ func table1Command() *cli.Command {
 				SFTSteps: int(cmd.Int("sft-steps")), R1Steps: int(cmd.Int("r1-steps")), R1Start: cmd.String("r1-start"),
 				Largest: cmd.String("largest"), Selector: cmd.String("selector"), KNNLog: cmd.String("knn-log"),
 				KNNK: int(cmd.Int("knn-k")), Log: slog.Default(), Progress: progressFunc()}
-			if o.R1Steps < 1 || o.SFTSteps < 0 {
+			if cmd.IsSet("r1-steps") && o.R1Steps < 1 || o.SFTSteps < 0 {
 				return usageError{fmt.Errorf("table1: --r1-steps %d and --sft-steps %d: want ≥ 1 and ≥ 0", o.R1Steps, o.SFTSteps)}
 			}
 			start := time.Now()
@@ -111,8 +113,8 @@ type table1Options struct {
 	Datasets   []string // test datasets
 	Split      string   // their name (the results folder's)
 	SFTSteps   int      // 0 = sft.steps
-	R1Steps    int
-	R1Start    string // "" = the ReCal run's warm-up checkpoint, else policy.checkpoint
+	R1Steps    int      // 0 = the ReCal run's train.steps (routerR1Steps)
+	R1Start    string   // "" = the ReCal run's warm-up checkpoint, else policy.checkpoint
 	Largest    string
 	Selector   string
 	KNNLog     string // "" = the ReCal run's rollouts.jsonl
@@ -231,7 +233,7 @@ func runTable1(ctx context.Context, cfg config.Config, o table1Options) (eval.Pa
 		return eval.PaperTable{}, rep, err
 	}
 
-	// 3. The Router-R1 policy: PPO, shortened.
+	// 3. The Router-R1 policy: PPO, with ReCal's step budget.
 	r1Dir := filepath.Join(o.Work, "router-r1")
 	if err := timed("router-r1", func() error {
 		made, err := table1RouterR1(ctx, cfg, r1Dir, recalRun, o)
@@ -246,8 +248,10 @@ func runTable1(ctx context.Context, cfg config.Config, o table1Options) (eval.Pa
 	// 4. Every row, each into its own results folder, with the policy it
 	// runs opened for its rows and closed after the last.
 	out := filepath.Join(o.Work, "eval-"+o.Split)
-	checkpoints := map[string]string{eval.PolicyBase: cfg.Policy.Checkpoint, eval.PolicyReCal: o.Checkpoint,
-		eval.PolicyRouterR1: filepath.Join(r1Dir, "checkpoints", "last"), "": o.Checkpoint}
+	checkpoints, err := table1Policies(cfg, o.Checkpoint, r1Dir, o.Log)
+	if err != nil {
+		return eval.PaperTable{}, rep, err
+	}
 	last := map[string]int{}
 	for i, r := range eval.Table1Rows {
 		if r.Router != "" {
@@ -307,6 +311,22 @@ func runTable1(ctx context.Context, cfg config.Config, o table1Options) (eval.Pa
 		return eval.PaperTable{}, rep, err
 	}
 	return t, rep, nil
+}
+
+// table1Policies maps each policy of eval.Table1Rows to the checkpoint its
+// rows run: policy.checkpoint for the base policy, recal (--checkpoint,
+// already resolved) for ReCal and the direct routers, and for Router-R1 its
+// run r1Dir resolved by the same rule as --checkpoint
+// (trainer.ResolveCheckpoint: checkpoints/best, else checkpoints/last), so
+// that neither RL row is evaluated at another point of its run.
+func table1Policies(cfg config.Config, recal, r1Dir string, log *slog.Logger) (map[string]string, error) {
+	r1, which, err := trainer.ResolveCheckpoint(r1Dir)
+	if err != nil {
+		return nil, fmt.Errorf("table1: router-r1: %w", err)
+	}
+	log.Info("table1: the Router-R1 row evaluates the run's checkpoint", "picked", which, "checkpoint", r1)
+	return map[string]string{eval.PolicyBase: cfg.Policy.Checkpoint, eval.PolicyReCal: recal,
+		eval.PolicyRouterR1: r1, "": recal}, nil
 }
 
 // table1Setup is an evaluation setup with the policy and pool it opened.
@@ -430,14 +450,19 @@ func table1Fit(ctx context.Context, cfg config.Config, outcomes, routerDir strin
 
 // table1RouterR1 trains the Router-R1 row's policy in dir unless it holds
 // a finished run of the same configuration: Router-R1's PPO
-// (train.algorithm = "ppo") for o.R1Steps steps, starting from o.R1Start,
-// else from the ReCal run's warm-up checkpoint (checkpoints/sft) with no
-// warm-up of its own, else from policy.checkpoint with the [sft] warm-up.
-// It reports whether it trained.
+// (train.algorithm = "ppo", its KL weighed by ppo.kl_coef) for o.R1Steps
+// steps (0: as many as the ReCal run, routerR1Steps), starting from
+// o.R1Start, else from the ReCal run's warm-up checkpoint (checkpoints/sft)
+// with no warm-up of its own, else from policy.checkpoint with the [sft]
+// warm-up. It reports whether it trained.
 func table1RouterR1(ctx context.Context, cfg config.Config, dir, recalRun string, o table1Options) (bool, error) {
 	rc := cfg
 	rc.Train.Algorithm = "ppo"
-	rc.Train.Steps = o.R1Steps
+	steps, err := routerR1Steps(cfg, recalRun, o)
+	if err != nil {
+		return false, err
+	}
+	rc.Train.Steps = steps
 	start := o.R1Start
 	if start == "" {
 		if sft := filepath.Join(recalRun, "checkpoints", "sft"); fileExists(filepath.Join(sft, "model.safetensors")) {
@@ -483,4 +508,27 @@ func table1RouterR1(ctx context.Context, cfg config.Config, dir, recalRun string
 	// Resume also when no checkpoint exists yet: a run stopped before its
 	// first checkpoint starts again instead of being refused.
 	return true, trainer.Train(ctx, rc, trainer.Options{RunDir: dir, Resume: true, Log: o.Log})
+}
+
+// routerR1Steps is the Router-R1 row's PPO step count: o.R1Steps, else the
+// ReCal row's budget, train.steps of the configuration its run last trained
+// with (trainer.RunConfig), else, for a checkpoint outside a run, train.steps
+// of cfg.
+func routerR1Steps(cfg config.Config, recalRun string, o table1Options) (int, error) {
+	if o.R1Steps > 0 {
+		return o.R1Steps, nil
+	}
+	rc, path, err := trainer.RunConfig(recalRun)
+	if err != nil {
+		return 0, fmt.Errorf("table1: router-r1: the ReCal run's step count: %w", err)
+	}
+	if path == "" {
+		o.Log.Info("table1: Router-R1 trains train.steps of the configuration: the ReCal checkpoint's run has no config.toml", "steps", cfg.Train.Steps)
+		return cfg.Train.Steps, nil
+	}
+	if rc.Train.Steps < 1 {
+		return 0, fmt.Errorf("table1: router-r1: the ReCal run's %s has train.steps = %d, no RL step to match; pass --r1-steps", path, rc.Train.Steps)
+	}
+	o.Log.Info("table1: Router-R1 trains as many steps as the ReCal run", "steps", rc.Train.Steps, "from", path)
+	return rc.Train.Steps, nil
 }

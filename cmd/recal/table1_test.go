@@ -62,7 +62,9 @@ func mtimes(t *testing.T, dir string) map[string]time.Time {
 // recal table1 makes what is missing, evaluates every row it can run and
 // marks the others with why; run again on the same work folder it trains
 // nothing, fits nothing, calls no pool and writes no checkpoint, outcome or
-// result again, and gives the same table.
+// result again, and gives the same table. Router-R1 trains as many steps
+// as the ReCal run did and is evaluated at the checkpoint the same rule as
+// ReCal's picks (checkpoints/best, else checkpoints/last).
 func TestTable1TrainsOnceAndReuses(t *testing.T) {
 	cfg := table1Config(t)
 	ctx := context.Background()
@@ -82,7 +84,7 @@ func TestTable1TrainsOnceAndReuses(t *testing.T) {
 	}
 	work := t.TempDir()
 	o := table1Options{Work: work, Checkpoint: filepath.Join(run, "checkpoints", "last"), Datasets: []string{"nq", "hotpotqa", "popqa"},
-		Split: "test", R1Steps: 1, KNNLog: knnLog, KNNK: 2, Log: quiet}
+		Split: "test", KNNLog: knnLog, KNNK: 2, Log: quiet}
 	first, rep, err := runTable1(ctx, cfg, o)
 	if err != nil {
 		t.Fatal(err)
@@ -116,6 +118,19 @@ func TestTable1TrainsOnceAndReuses(t *testing.T) {
 	byLabel := map[string]*eval.Row{}
 	for _, r := range first.Rows {
 		byLabel[r.Label] = r.Scores
+	}
+	r1Dir := filepath.Join(work, "router-r1")
+	if done, err := finished(r1Dir, cfg.Train.Steps); err != nil || !done {
+		t.Errorf("router-r1 finished at the ReCal run's %d steps: %v (%v); want the same step budget as ReCal", cfg.Train.Steps, done, err)
+	}
+	r1Best, err := os.Readlink(filepath.Join(r1Dir, "checkpoints", "best"))
+	if err != nil {
+		t.Fatalf("the Router-R1 run has no checkpoints/best (%v): train.keep_best is on and it validated", err)
+	}
+	for _, r := range first.Rows {
+		if r.Label == "Router-R1" && r.Policy != filepath.Join(r1Dir, "checkpoints", r1Best) {
+			t.Errorf("the Router-R1 row ran %s, want its run's checkpoints/best (%s), as the ReCal row's run is resolved", r.Policy, r1Best)
+		}
 	}
 	for label, calls := range map[string]float64{"Vanilla": 0, "CoT": 0, "SFT": 0, "Largest LLM": 1, "Prompt LLM": 2, "Prompt LLM*": 4, "KNN Router*": 3} {
 		if got := byLabel[label].Avg.Calls; got != calls {
@@ -226,5 +241,85 @@ func TestDryRunEvalNewRows(t *testing.T) {
 		if !strings.Contains(got, want) {
 			t.Errorf("problems\n%s\nlack %q", got, want)
 		}
+	}
+}
+
+// The Router-R1 row's run is trained with ReCal's step budget by default
+// (train.steps of the ReCal run's configuration; --r1-steps overrides it)
+// and reused or refused as `recal train --resume` would continue it, with
+// errors that say table1, not another command. No case trains: each finds
+// a finished run, or is refused before training.
+func TestTable1RouterR1Reuse(t *testing.T) {
+	cfg := table1Config(t)
+	start := cfg.Policy.Checkpoint
+	digest, err := eval.CheckpointDigest(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// r1 is the configuration table1 trains Router-R1 with, for steps.
+	r1 := func(steps int, edit func(c *config.Config)) config.Config {
+		c := cfg
+		c.Train.Algorithm, c.Train.Steps = "ppo", steps
+		c.Policy.Checkpoint, c.SFT.Steps = start, 0
+		if edit != nil {
+			edit(&c)
+		}
+		return c
+	}
+	cases := []struct {
+		name       string
+		recalSteps int           // train.steps of the ReCal run
+		r1Steps    int           // --r1-steps (0: not given)
+		run        config.Config // what the Router-R1 run was trained with
+		step       int           // its last checkpoint
+		want       string        // "" = reused; else the error holds it
+	}{
+		{"by default as many steps as the ReCal run", 2, 0, r1(2, nil), 2, ""},
+		{"the default follows the ReCal run", 7, 0, r1(2, nil), 2, "train.steps: 2 in the run, 7 now"},
+		{"--r1-steps overrides the default", 7, 2, r1(2, nil), 2, ""},
+		{"keys train --resume accepts", 2, 0, r1(2, func(c *config.Config) {
+			c.Train.MicroBatch, c.Train.ValidateEvery, c.Data.Test, c.Pool.MaxConcurrency = 3, 5, []string{"popqa"}, 9
+		}), 2, ""},
+		{"a training key", 2, 0, r1(2, func(c *config.Config) { c.Train.LR = 1 }), 2, "train.lr"},
+		{"past the final step", 2, 0, r1(2, nil), 3, "past train.steps"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			recalRun := t.TempDir()
+			rc := cfg
+			rc.Train.Steps = c.recalSteps
+			if err := rc.Write(filepath.Join(recalRun, "config.toml")); err != nil {
+				t.Fatal(err)
+			}
+			dir := filepath.Join(t.TempDir(), "router-r1")
+			fakeRun(t, dir, c.run, c.step)
+			if err := os.WriteFile(filepath.Join(dir, "start.digest"), []byte(digest), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			before := mtimes(t, dir)
+			o := table1Options{R1Steps: c.r1Steps, R1Start: start, Log: quietLog()}
+			made, err := table1RouterR1(context.Background(), cfg, dir, recalRun, o)
+			if made {
+				t.Errorf("table1RouterR1 trained; want the finished run reused or refused")
+			}
+			if c.want == "" {
+				if err != nil {
+					t.Fatalf("%v; want the finished run reused", err)
+				}
+			} else {
+				if err == nil || !strings.Contains(err.Error(), c.want) {
+					t.Fatalf("error %v; want one naming %q", err, c.want)
+				}
+				if !strings.HasPrefix(err.Error(), "table1: router-r1: ") || strings.Contains(err.Error(), "ablate") {
+					t.Errorf("error %q: want it to start with table1: router-r1: and name no other command", err)
+				}
+			}
+			after := mtimes(t, dir)
+			for p, m := range before {
+				if !after[p].Equal(m) {
+					t.Errorf("%s was written: a reused or refused run is left as it is", p)
+				}
+			}
+		})
 	}
 }

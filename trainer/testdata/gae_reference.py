@@ -13,7 +13,8 @@ run's configuration:
   2. score s: -1 if rewards_raw.format < 1, else 0 if the outcome (ans, or em
      with ppo.outcome = "em") is 0, else (1 - alpha) outcome + alpha c
   3. token rewards over the response's policy tokens k = 1..n:
-     r_k = -beta kl_k + [k = n] s           (beta = train.kl_coef)
+     r_k = -beta kl_k + [k = n] s           (beta = ppo.kl_coef; a run file
+                                             without it: train.kl_coef)
   4. GAE: delta_k = r_k + gamma V_{k+1} - V_k (V_{n+1} = 0),
      A_k = delta_k + gamma lam A_{k+1}, R_k = A_k + V_k
   5. whitening over all tokens of the step (ppo.whiten_advantages):
@@ -42,8 +43,9 @@ import tomllib
 TOLERANCE = 1e-6
 
 PPO_DEFAULTS = {"gamma": 1.0, "lam": 1.0, "vf_coef": 0.1, "value_clip": 0.5, "value_lr": 0.0,
-                "whiten_advantages": True, "outcome": "f1", "cost_coef": 0.0, "cost_window": 1000}
-KL_DEFAULT = 0.001
+                "whiten_advantages": True, "outcome": "f1", "cost_coef": 0.0, "cost_window": 1000,
+                "kl_coef": 0.001}
+TRAIN_KL_DEFAULT = 0.001
 
 
 class InputError(Exception):
@@ -69,8 +71,12 @@ def load_config(path):
     unknown = set(doc.get("ppo", {})) - set(PPO_DEFAULTS)
     if unknown:
         raise InputError("%s: unknown [ppo] keys: %s" % (path, ", ".join(sorted(unknown))))
+    if "kl_coef" not in doc.get("ppo", {}):
+        # Written before ppo.kl_coef existed: such a run weighed its KL by
+        # train.kl_coef.
+        ppo["kl_coef"] = float(train.get("kl_coef", TRAIN_KL_DEFAULT))
     ppo.update(doc.get("ppo", {}))
-    ppo["kl_coef"] = float(train.get("kl_coef", KL_DEFAULT))
+    ppo["kl_coef"] = float(ppo["kl_coef"])
     return ppo
 
 
