@@ -358,6 +358,10 @@ int rc_policy_new(const rc_config* cfg, const char* device, int32_t dtype, rc_po
 
 void rc_policy_free(rc_policy* p) { delete p; }
 
+int rc_policy_row_invariant(rc_policy* p, int32_t* out, char** err) {
+  return guarded(err, [&] { *out = recal::rows_supported(*p) ? 1 : 0; });
+}
+
 int rc_policy_num_params(rc_policy* p, int64_t* out, char** err) {
   return guarded(err, [&] { *out = (int64_t)p->params.size(); });
 }
@@ -741,15 +745,16 @@ int rc_cache_extend(rc_cache* c, int64_t n, const int64_t* rows, int64_t width, 
       tmax = std::max(tmax, lens[i] + counts[i]);
       if (i > 0 && rows[i] != rows[i - 1] + 1) contiguous = false;
     }
-    // With log-probs asked for (training rollouts), a row's result must not
-    // depend on which rows share the call: that depends on when pool replies
-    // arrive, on the ranks and on the rollout workers, and the log-probs are
-    // the ratio's denominator in the loss. A float32 policy on the CPU then
-    // decodes by recal_rows.cc's kernels, whose result for a row holds by
-    // construction whatever the other rows, the BLAS kernel or the threads.
-    // Elsewhere (bfloat16, CUDA) libtorch's kernels pick their strategy by
-    // shape: a row's bits may depend on the call (within float rounding).
-    if (so->want_logp && recal::rows_supported(p) && !getenv("RECAL_NO_ROWS")) {
+    // A row's result must not depend on which rows share the call: that
+    // depends on when pool replies arrive, on the ranks and on the rollout
+    // workers (training rollouts, whose log-probs are the ratio's
+    // denominator in the loss) and on eval.batch and the request mix
+    // (evaluation, serving). A float32 policy on the CPU decodes by
+    // recal_rows.cc's kernels, whose result for a row holds by construction
+    // whatever the other rows, the BLAS kernel or the threads. Elsewhere
+    // (bfloat16, CUDA) libtorch's kernels pick their strategy by shape: a
+    // row's bits may depend on the call (within float rounding).
+    if (recal::rows_supported(p)) {
       recal::extend_rows(*c, n, rows, width, tokens, counts, so, gen_seed, out_tokens, out_logp, out_logits);
       return;
     }

@@ -71,6 +71,12 @@ void rc_policy_free(rc_policy* p);
 /* Number of parameter tensors. */
 int rc_policy_num_params(rc_policy* p, int64_t* out, char** err);
 
+/* *out = 1 when the policy decodes by the row-invariant kernels
+ * (recal_rows.cc: float32 on the CPU), so that a row's logits, sample and
+ * log-prob do not depend on the other rows of an extend call, the BLAS or
+ * the threads; 0 when libtorch's kernels decode it (bfloat16, CUDA). */
+int rc_policy_row_invariant(rc_policy* p, int32_t* out, char** err);
+
 /* Name (Hugging Face naming, borrowed pointer valid while p lives), rank and
  * shape (up to 4 dims) of parameter i. */
 int rc_policy_param_info(rc_policy* p, int64_t i, const char** name, int32_t* ndim, int64_t* shape, char** err);

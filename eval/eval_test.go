@@ -29,7 +29,10 @@ type fixture struct {
 func newFixture(t *testing.T) fixture { return fixtureFor(t, microCheckpoint(t)) }
 
 // fixtureFor evaluates checkpoint ck on 6 questions of each ood dataset.
-func fixtureFor(t *testing.T, ck string) fixture {
+func fixtureFor(t *testing.T, ck string) fixture { return fixtureWith(t, ck, torchbridge.Options{}) }
+
+// fixtureWith is fixtureFor with the policy opened with opts.
+func fixtureWith(t *testing.T, ck string, opts torchbridge.Options) fixture {
 	t.Helper()
 	trainer.SetThreads(2)
 	cfg, err := config.Load("../recal.toml", []string{"router.turn_tokens=8", "data.test_per_dataset=6", "eval.batch=4", `data.test=["ood"]`})
@@ -40,7 +43,7 @@ func fixtureFor(t *testing.T, ck string) fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eng, err := trainer.OpenEngine(ck, torchbridge.Options{})
+	eng, err := trainer.OpenEngine(ck, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,6 +244,55 @@ func TestRunKeysResultsByCheckpoint(t *testing.T) {
 	if asked["policy"] != 0 || tableText(again) != tableText(tableA) {
 		t.Errorf("evaluating A again asked the policy %d times (want 0: its results were kept aside) and gave\n%s\nwant\n%s",
 			asked["policy"], tableText(again), tableText(tableA))
+	}
+}
+
+// A float32 policy on the CPU answers the same whatever eval.batch (its
+// decoding is row-invariant), so the batch does not key its results and a
+// rerun with another batch resumes them; a bfloat16 policy's rows depend on
+// the rows decoded with them, so there the batch keys the results and a
+// rerun with another batch starts afresh instead of mixing answers.
+func TestRunKeysBatchingWhereAnswersDependOnIt(t *testing.T) {
+	ck := microCheckpoint(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		dtype     string
+		invariant bool
+	}{{"float32", true}, {"bfloat16", false}} {
+		t.Run(tc.dtype, func(t *testing.T) {
+			f := fixtureWith(t, ck, torchbridge.Options{DType: tc.dtype})
+			if inv, err := f.setup.Env.Engine.Policy.RowInvariant(); err != nil || inv != tc.invariant {
+				t.Fatalf("RowInvariant() = %v, %v; want %v", inv, err, tc.invariant)
+			}
+			dir := t.TempDir()
+			if _, err := eval.Run(ctx, f.setup, f.qs, []string{"policy"}, dir, nil, nil); err != nil {
+				t.Fatal(err)
+			}
+			batch4 := readAnswers(t, filepath.Join(dir, "results-policy.jsonl"))
+			one := f.setup
+			one.Batch = 1
+			asked := 0
+			if _, err := eval.Run(ctx, one, f.qs, []string{"policy"}, dir, nil, func(string, int, int) { asked++ }); err != nil {
+				t.Fatal(err)
+			}
+			aside, _ := filepath.Glob(filepath.Join(dir, "results-policy.*.jsonl"))
+			if !tc.invariant {
+				if len(aside) != 1 || asked == 0 {
+					t.Errorf("a %s policy evaluated again with eval.batch 1 after 4: %d results files moved aside, policy asked %d times; want the batch-4 answers moved aside and all asked again (its answers depend on the batch)", tc.dtype, len(aside), asked)
+				}
+				return
+			}
+			if len(aside) != 0 || asked != 0 {
+				t.Errorf("a %s policy evaluated again with eval.batch 1 after 4: %d results files moved aside, policy asked %d times; want the results resumed (the batch does not change its answers)", tc.dtype, len(aside), asked)
+			}
+			fresh := t.TempDir()
+			if _, err := eval.Run(ctx, one, f.qs, []string{"policy"}, fresh, nil, nil); err != nil {
+				t.Fatal(err)
+			}
+			if got := readAnswers(t, filepath.Join(fresh, "results-policy.jsonl")); !maps.Equal(got, batch4) {
+				t.Errorf("a %s policy answered differently with eval.batch 1 and 4; its decoding must be row-invariant", tc.dtype)
+			}
+		})
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/recal-project/recal/internal/hfmodel"
 	"github.com/recal-project/recal/llmpool"
 	"github.com/recal-project/recal/router"
+	"github.com/recal-project/recal/torchbridge"
 )
 
 // A results file holds the answers of one router under one set of inputs.
@@ -32,9 +33,12 @@ import (
 // gives each its own answers, and the baseline routers, which do not read
 // the checkpoint, are not asked again.
 //
-// Not in the identity, on purpose: eval.batch (memory, not answers: greedy
-// decoding), the pool's cache mode and folder, concurrency, timeouts,
-// retries, rate limits, API-key variables and simulated latency.
+// Not in the identity, on purpose: the pool's cache mode and folder,
+// concurrency, timeouts, retries, rate limits, API-key variables and
+// simulated latency. eval.batch, the ranks and the threads are in it only
+// for a policy whose decoding is not row-invariant (bfloat16, CUDA: a row's
+// logits there depend on the rows decoded with it); a float32 policy on the
+// CPU gives the same answers whatever they are.
 type identity struct {
 	ID     string                     `json:"id"` // sha256 of Router and Inputs
 	Router string                     `json:"router"`
@@ -50,14 +54,39 @@ var inputParts = map[string]func(s Setup) (any, error){
 		}
 		return CheckpointDigest(s.Env.Engine.Dir)
 	},
-	// policy: the dtype and device kind the policy runs in.
+	// policy: the dtype and device kind the policy runs in, and for a
+	// policy whose rows depend on the rows decoded with them, how they are
+	// batched: eval.batch, the ranks and the CPU threads.
 	"policy": func(s Setup) (any, error) {
 		if s.Env == nil || s.Env.Engine == nil {
 			return nil, errors.New("eval: no policy to evaluate")
 		}
 		o := s.Env.Engine.Policy.Options()
 		device, _, _ := strings.Cut(o.Device, ":") // cuda:0 and cuda:1 compute alike
-		return struct{ DType, Device string }{o.DType, device}, nil
+		invariant, err := s.Env.Engine.Policy.RowInvariant()
+		if err != nil {
+			return nil, err
+		}
+		type batching struct{ Batch, Ranks, Threads int }
+		var b *batching
+		if !invariant {
+			ranks := 1
+			if s.Group != nil {
+				ranks = s.Group.Size()
+			}
+			threads, err := torchbridge.Threads()
+			if err != nil {
+				return nil, err
+			}
+			if s.Env.DecodeThreads > 0 {
+				threads = s.Env.DecodeThreads
+			}
+			b = &batching{s.Batch, ranks, threads}
+		}
+		return struct {
+			DType, Device string
+			Batching      *batching `json:",omitempty"`
+		}{o.DType, device, b}, nil
 	},
 	// router: the protocol's limits and the prompt template's text.
 	"router": func(s Setup) (any, error) {

@@ -612,8 +612,10 @@ func (e *Engine) closing(turn []byte) ([]int32, string) {
 // EngineVersion changes when the engine decodes differently for the same
 // weights and settings; it keys evaluation results (eval's identity), so
 // answers of an older engine are not reused. 1 (unnamed): before
-// 2026-11-23; 2: the KV cache holds each <search> turn's last token.
-const EngineVersion = 2
+// 2026-11-23; 2: the KV cache holds each <search> turn's last token; 3:
+// float32 policies on the CPU decode by the bridge's row-invariant kernels
+// (other roundings than libtorch's).
+const EngineVersion = 3
 
 // call starts the pool call of a <search> turn on its own goroutine.
 func (e *Engine) call(p *Pending, a Action) {

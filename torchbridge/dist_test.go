@@ -633,18 +633,33 @@ func TestLogpIndependentOfBatching(t *testing.T) {
 		}
 		t.Error(msg)
 	}
-	// The inference path (no log-probs) keeps libtorch's kernels; whether
-	// its rows differ is the BLAS's business, noted only.
+	// The inference path (no log-probs: evaluation, serving) decodes by
+	// the same kernels: its answers do not depend on eval.batch, ranks or
+	// the requests that share a step either, and its logits are those of
+	// the log-prob path.
 	plain, alone := decode(compositions["together"], false, 1), decode(compositions["alone"], false, 1)
-	differ := 0
+	differ, maxd := 0, 0.0
 	for row := range plain {
 		for step := range plain[row] {
-			if !slicesEqual(plain[row][step][:4032], alone[row][step][:4032]) {
+			a, b, r := plain[row][step][:4032], alone[row][step][:4032], ref[row][step][:4032]
+			if !slicesEqual(a, b) || !slicesEqual(a, r) {
 				differ++
+				for k := range a {
+					maxd = math.Max(maxd, math.Max(math.Abs(float64(a[k]-b[k])), math.Abs(float64(a[k]-r[k]))))
+				}
 			}
 		}
 	}
-	t.Logf("inference path: %d of %d row steps' logits differ between together and alone (BLAS kernels by shape)", differ, len(plain)*len(plain[0]))
+	if differ > 0 {
+		msg := fmt.Sprintf("inference path: %d of %d row steps' logits differ between rows decoded together, alone, and with log-probs, by up to %.3g: an evaluation's answers would depend on eval.batch", differ, len(plain)*len(plain[0]), maxd)
+		if strings.HasPrefix(testDevice, "cuda") {
+			if maxd > cudaBound {
+				t.Errorf("on %s, beyond the bound %g: %s", testDevice, cudaBound, msg)
+			}
+			return
+		}
+		t.Error(msg)
+	}
 }
 
 // TestCheckKernels: the row-invariant kernels' AVX2 path computes the bits

@@ -202,6 +202,21 @@ func (p *Policy) NumParams() int64 {
 	return n
 }
 
+// RowInvariant reports whether the policy decodes by the row-invariant
+// kernels (a float32 policy on the CPU): a row's logits, sample and
+// log-prob in Cache.Extend are then the same bits whatever rows share the
+// call, whatever the thread count and whatever BLAS kernel the machine runs.
+// Otherwise (bfloat16, CUDA) libtorch's kernels pick their strategy by
+// shape and a row's bits may depend on the call, within float rounding.
+func (p *Policy) RowInvariant() (bool, error) {
+	var v C.int32_t
+	err := p.call(context.Background(), func(h *C.rc_policy) error {
+		var msg *C.char
+		return status(C.rc_policy_row_invariant(h, &v, &msg), msg)
+	})
+	return v != 0, err
+}
+
 // call runs fn on the torch thread with the live handle.
 func (p *Policy) call(ctx context.Context, fn func(h *C.rc_policy) error) error {
 	return do(ctx, func() error {
