@@ -62,7 +62,10 @@ type Train struct {
 	// GroupSize is G, the responses sampled per question (≥ 2).
 	GroupSize int `toml:"group_size"`
 	// MiniBatches splits a step's responses into this many optimizer
-	// updates (1 = one update per step, fully on-policy).
+	// updates (1 = one update per step, fully on-policy). Each mini-batch
+	// takes responses of every group (with mini_batches dividing
+	// group_size, responses [m·G/k, (m+1)·G/k) of each), so every
+	// data-parallel rank works in every mini-batch.
 	MiniBatches int `toml:"mini_batches"`
 	// MicroBatch is the responses per forward/backward call; gradients
 	// accumulate over the micro-batches of a mini-batch.

@@ -1,0 +1,72 @@
+package trainer
+
+import (
+	"reflect"
+	"testing"
+)
+
+// The mini-batches of a step: response-major cuts, each in global row
+// order, covering every row once; with k dividing the group size every
+// rank (a contiguous run of whole groups) holds the same share of each,
+// whatever the number of ranks.
+func TestMiniBatches(t *testing.T) {
+	cases := []struct {
+		name         string
+		questions, g int
+		k            int
+		want         [][]int
+	}{
+		{"one mini-batch is every row in order", 3, 2, 1, [][]int{{0, 1, 2, 3, 4, 5}}},
+		{"two of G=2: response 0 of each group, then response 1", 2, 2, 2, [][]int{{0, 2}, {1, 3}}},
+		{"two of G=4: responses 0-1, then 2-3", 2, 4, 2, [][]int{{0, 1, 4, 5}, {2, 3, 6, 7}}},
+		{"k = G: one response of each group per mini-batch", 2, 3, 3, [][]int{{0, 3}, {1, 4}, {2, 5}}},
+		{"k above G cuts a response's rows", 2, 2, 4, [][]int{{0}, {2}, {1}, {3}}},
+		{"k not dividing G", 2, 3, 2, [][]int{{0, 1, 3}, {2, 4, 5}}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := miniBatches(c.questions, c.g, c.k); !reflect.DeepEqual(got, c.want) {
+				t.Errorf("miniBatches(%d questions, G=%d, k=%d) = %v, want %v", c.questions, c.g, c.k, got, c.want)
+			}
+		})
+	}
+
+	t.Run("every rank has its share of every mini-batch", func(t *testing.T) {
+		for _, questions := range []int{4, 8, 12} {
+			for _, g := range []int{2, 4, 8} {
+				for _, k := range []int{1, 2, g} {
+					mbs := miniBatches(questions, g, k)
+					seen := map[int]int{}
+					for _, mb := range mbs {
+						for _, i := range mb {
+							seen[i]++
+						}
+					}
+					if len(mbs) != k || len(seen) != questions*g {
+						t.Fatalf("miniBatches(%d, %d, %d): %d mini-batches over %d distinct rows, want %d over all %d", questions, g, k, len(mbs), len(seen), k, questions*g)
+					}
+					for size := 1; size <= questions; size++ {
+						if questions%size != 0 {
+							continue
+						}
+						for m, mb := range mbs {
+							for rank := 0; rank < size; rank++ {
+								qlo, qhi := shareOf(questions, rank, size)
+								n := 0
+								for _, i := range mb {
+									if i >= qlo*g && i < qhi*g {
+										n++
+									}
+								}
+								if want := len(mb) / size; n != want {
+									t.Errorf("%d questions, G=%d, %d mini-batches, %d ranks: rank %d holds %d rows of mini-batch %d, want %d (an equal share, so no rank idles at the all-reduce)",
+										questions, g, k, size, rank, n, m, want)
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+	})
+}
