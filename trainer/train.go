@@ -16,6 +16,7 @@ import (
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/dist"
 	"github.com/recal-project/recal/generate"
+	"github.com/recal-project/recal/internal/runlock"
 	"github.com/recal-project/recal/router"
 	"github.com/recal-project/recal/torchbridge"
 )
@@ -74,6 +75,19 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 		if err := checkWorld(cfg, opt.Group.Size()); err != nil {
 			return err
 		}
+	}
+	// One process at a time works in a run folder: rank 0 locks it (a
+	// second `recal train` on it stops here, naming the holder) until Train
+	// returns; a lock left by a process that died is taken over.
+	if opt.RunDir == "" {
+		return fmt.Errorf("trainer: no run folder")
+	}
+	if opt.Group == nil || opt.Group.Rank() == 0 {
+		lock, err := runlock.Acquire(opt.RunDir, "recal train")
+		if err != nil {
+			return fmt.Errorf("trainer: run folder: %w", err)
+		}
+		defer lock.Release()
 	}
 	// Everything is checked and loaded before the run folder is written, so
 	// that a job failing at start leaves nothing a second attempt trips on.
