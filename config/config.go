@@ -236,7 +236,10 @@ type Policy struct {
 	// given with --set), as are data.dir, pool.cache_dir and
 	// router.prompt_template.
 	Checkpoint string `toml:"checkpoint"`
-	// Device is "cpu", "cuda" or "cuda:N" (cuda needs a CUDA libtorch, see LIBTORCH).
+	// Device is "cpu", "cuda" or "cuda:N" (cuda needs a CUDA libtorch, see
+	// LIBTORCH). With several data-parallel ranks "cuda" gives each rank
+	// cuda:LOCAL_RANK, and "cuda:N" is refused (every rank of a node on
+	// one GPU).
 	Device string `toml:"device"`
 	// DType is the parameter and compute precision: "float32" or "bfloat16".
 	DType string `toml:"dtype"`

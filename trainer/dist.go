@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/recal-project/recal/config"
@@ -357,28 +358,43 @@ func LocalWorldSize() int {
 
 // RankDevice is the device a rank's policy runs on: "cuda" becomes
 // "cuda:LOCAL_RANK" when there are several ranks, so each local rank has
-// its own GPU; any other setting is kept.
-func RankDevice(device string, launch dist.Launch) string {
-	if device == "cuda" && launch.Distributed() {
-		return "cuda:" + strconv.Itoa(launch.LocalRank)
+// its own GPU (the launcher gives every rank all of its node's GPUs).
+// With several ranks an explicit "cuda:N" is refused: it would put every
+// rank of a node on the same GPU. Any other setting is kept.
+func RankDevice(device string, launch dist.Launch) (string, error) {
+	if !launch.Distributed() || !isCUDA(device) {
+		return device, nil
 	}
-	return device
+	if device != "cuda" {
+		return "", fmt.Errorf("trainer: policy.device = %q names one GPU, but this process is rank %d of %d: every rank of a node would run on it; "+
+			"use policy.device = \"cuda\", which gives each rank cuda:LOCAL_RANK (here cuda:%d)", device, launch.Rank, launch.WorldSize, launch.LocalRank)
+	}
+	return "cuda:" + strconv.Itoa(launch.LocalRank), nil
+}
+
+// isCUDA reports whether device is a CUDA device ("cuda" or "cuda:N").
+func isCUDA(device string) bool { return device == "cuda" || strings.HasPrefix(device, "cuda:") }
+
+// groupBackend is the backend of the gradient all-reduce: dist.backend,
+// with "auto" (or "") NCCL for a CUDA device and Gloo for any other.
+func groupBackend(backend, device string) string {
+	if backend != "auto" && backend != "" {
+		return backend
+	}
+	if isCUDA(device) {
+		return "nccl"
+	}
+	return "gloo"
 }
 
 // JoinGroup joins the process group of a launch (nil, nil for one
 // process), with the [dist] settings: the gradient all-reduce on NCCL when
-// dist.backend is "nccl", or "auto" with the policy on a GPU.
+// dist.backend is "nccl", or "auto" with the policy on a CUDA device.
 func JoinGroup(ctx context.Context, launch dist.Launch, dc config.Dist, device string) (dist.Group, error) {
 	if !launch.Distributed() {
 		return nil, nil
 	}
-	backend := dc.Backend
-	if backend == "auto" || backend == "" {
-		backend = "gloo"
-		if device != "cpu" {
-			backend = "nccl"
-		}
-	}
+	backend := groupBackend(dc.Backend, device)
 	t0 := time.Now()
 	pg, err := torchbridge.NewProcessGroup(ctx, torchbridge.GroupOptions{Rank: launch.Rank, WorldSize: launch.WorldSize,
 		MasterAddr: launch.MasterAddr, MasterPort: launch.MasterPort, StorePrefix: launch.StorePrefix,

@@ -2,7 +2,10 @@ package trainer
 
 import (
 	"reflect"
+	"strings"
 	"testing"
+
+	"github.com/recal-project/recal/dist"
 )
 
 // The mini-batches of a step: response-major cuts, each in global row
@@ -69,4 +72,63 @@ func TestMiniBatches(t *testing.T) {
 			}
 		}
 	})
+}
+
+// policy.device with several ranks: "cuda" gives each local rank its own
+// GPU; an explicit "cuda:N" would put every rank of a node on GPU N and is
+// refused, naming the key and the fix; one process keeps any setting.
+func TestRankDevice(t *testing.T) {
+	two := func(rank, local int) dist.Launch {
+		return dist.Launch{Launcher: "torchrun", Rank: rank, WorldSize: 2, LocalRank: local, MasterAddr: "127.0.0.1", MasterPort: 29500}
+	}
+	cases := []struct {
+		name    string
+		device  string
+		launch  dist.Launch
+		want    string
+		wantErr string
+	}{
+		{"one process keeps cuda:1", "cuda:1", dist.Launch{WorldSize: 1}, "cuda:1", ""},
+		{"one process keeps cuda", "cuda", dist.Launch{WorldSize: 1}, "cuda", ""},
+		{"cpu stays cpu", "cpu", two(1, 1), "cpu", ""},
+		{"cuda becomes cuda:LOCAL_RANK", "cuda", two(1, 1), "cuda:1", ""},
+		{"cuda on rank 0", "cuda", two(0, 0), "cuda:0", ""},
+		{"cuda:0 refused on rank 0", "cuda:0", two(0, 0), "", `policy.device = "cuda:0" names one GPU, but this process is rank 0 of 2`},
+		{"cuda:0 refused on rank 1", "cuda:0", two(1, 1), "", `use policy.device = "cuda", which gives each rank cuda:LOCAL_RANK (here cuda:1)`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := RankDevice(c.device, c.launch)
+			if c.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), c.wantErr) {
+					t.Fatalf("RankDevice(%q) = %q, %v; want an error saying %q: several ranks must not share one GPU unknowingly", c.device, got, err, c.wantErr)
+				}
+				return
+			}
+			if err != nil || got != c.want {
+				t.Fatalf("RankDevice(%q) = %q, %v; want %q", c.device, got, err, c.want)
+			}
+		})
+	}
+}
+
+// dist.backend "auto" carries the gradient all-reduce on NCCL for CUDA
+// devices only: NCCL cannot reduce tensors on any other device.
+func TestGroupBackend(t *testing.T) {
+	cases := []struct{ backend, device, want string }{
+		{"auto", "cpu", "gloo"},
+		{"auto", "cuda", "nccl"},
+		{"auto", "cuda:3", "nccl"},
+		{"auto", "mps", "gloo"},
+		{"auto", "xpu:0", "gloo"},
+		{"", "", "gloo"},
+		{"", "cuda:0", "nccl"},
+		{"gloo", "cuda:0", "gloo"},
+		{"nccl", "cuda", "nccl"},
+	}
+	for _, c := range cases {
+		if got := groupBackend(c.backend, c.device); got != c.want {
+			t.Errorf("groupBackend(%q, %q) = %q, want %q", c.backend, c.device, got, c.want)
+		}
+	}
 }
