@@ -194,33 +194,51 @@ type rowRecord struct {
 }
 
 // rankRollout is one rank's part of a step: its rows in order, or that its
-// rollout was interrupted.
+// rollout was interrupted, and how long its rollout took.
 type rankRollout struct {
 	Interrupted bool
 	Rows        []rowRecord
+	Wall        time.Duration
+}
+
+// stepRollouts is the whole batch of a step, gathered from every rank.
+type stepRollouts struct {
+	samples []router.Sample
+	rewards []router.Rewards
+	tokens  []float64 // policy tokens per row
+	// interrupted is true when any rank's rollout was interrupted (the
+	// step is then dropped by all); the rows are then empty.
+	interrupted bool
+	// wall is the rollouts' wall time: the slowest rank's, which every
+	// rank waited for at the gather.
+	wall time.Duration
 }
 
 // gatherRollouts all-gathers the ranks' rows into the global batch, in
-// global row order. interrupted is true on every rank when any rank's
-// rollout was interrupted (the step is then dropped by all).
-func (r ranks) gatherRollouts(ctx context.Context, mine rankRollout) (samples []router.Sample, rewards []router.Rewards, tokens []float64, interrupted bool, err error) {
+// global row order, the same on every rank.
+func (r ranks) gatherRollouts(ctx context.Context, mine rankRollout) (stepRollouts, error) {
 	parts, err := allGather(ctx, r, "rollouts", mine)
 	if err != nil {
-		return nil, nil, nil, false, err
+		return stepRollouts{}, err
 	}
+	var b stepRollouts
 	for _, p := range parts {
+		b.wall = max(b.wall, p.Wall)
 		if p.Interrupted {
-			return nil, nil, nil, true, nil
+			b.interrupted = true
 		}
+	}
+	if b.interrupted {
+		return b, nil
 	}
 	for _, p := range parts {
 		for _, row := range p.Rows {
-			samples = append(samples, row.Sample)
-			rewards = append(rewards, row.Rewards)
-			tokens = append(tokens, row.Tokens)
+			b.samples = append(b.samples, row.Sample)
+			b.rewards = append(b.rewards, row.Rewards)
+			b.tokens = append(b.tokens, row.Tokens)
 		}
 	}
-	return samples, rewards, tokens, false, nil
+	return b, nil
 }
 
 // record is the part of a local response the other ranks need.

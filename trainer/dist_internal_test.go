@@ -1,9 +1,13 @@
 package trainer
 
 import (
+	"context"
 	"reflect"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/recal-project/recal/dist"
 )
@@ -130,5 +134,113 @@ func TestGroupBackend(t *testing.T) {
 		if got := groupBackend(c.backend, c.device); got != c.want {
 			t.Errorf("groupBackend(%q, %q) = %q, want %q", c.backend, c.device, got, c.want)
 		}
+	}
+}
+
+// memGroup is a dist.Group of n ranks in one process (goroutines), for the
+// collectives of the trainer's records: all-gathers and barriers.
+type memGroup struct {
+	h    *memHub
+	rank int
+	seq  int
+}
+
+type memHub struct {
+	mu     sync.Mutex
+	cond   *sync.Cond
+	n      int
+	rounds map[int][][]byte
+}
+
+func newMemGroup(n int) []*memGroup {
+	h := &memHub{n: n, rounds: map[int][][]byte{}}
+	h.cond = sync.NewCond(&h.mu)
+	gs := make([]*memGroup, n)
+	for r := range gs {
+		gs[r] = &memGroup{h: h, rank: r}
+	}
+	return gs
+}
+
+func (g *memGroup) Rank() int { return g.rank }
+func (g *memGroup) Size() int { return g.h.n }
+func (g *memGroup) AllGather(_ context.Context, data []byte) ([][]byte, error) {
+	h := g.h
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	round := g.seq
+	g.seq++
+	if h.rounds[round] == nil {
+		h.rounds[round] = make([][]byte, h.n)
+	}
+	h.rounds[round][g.rank] = append([]byte{}, data...)
+	h.cond.Broadcast()
+	for slices.ContainsFunc(h.rounds[round], func(b []byte) bool { return b == nil }) {
+		h.cond.Wait()
+	}
+	return slices.Clone(h.rounds[round]), nil
+}
+func (g *memGroup) Broadcast(ctx context.Context, data []byte, root int) ([]byte, error) {
+	parts, err := g.AllGather(ctx, data)
+	if err != nil {
+		return nil, err
+	}
+	return parts[root], nil
+}
+func (g *memGroup) Barrier(ctx context.Context) error {
+	_, err := g.AllGather(ctx, []byte{1})
+	return err
+}
+func (g *memGroup) Close() error { return nil }
+
+// The rollouts' wall time of a step (rollout_time_s) is the slowest rank's
+// on every rank, interrupted or not: the step waits for it at the gather,
+// and rank 0's own time would hide a slow rank. The rows come in rank
+// (global row) order.
+func TestGatherRollouts(t *testing.T) {
+	cases := []struct {
+		name        string
+		walls       []time.Duration
+		interrupted []bool
+	}{
+		{"rank 1 slowest", []time.Duration{time.Second, 3 * time.Second}, []bool{false, false}},
+		{"rank 0 slowest", []time.Duration{5 * time.Second, 2 * time.Second}, []bool{false, false}},
+		{"rank 1 interrupted", []time.Duration{time.Second, 4 * time.Second}, []bool{false, true}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			gs := newMemGroup(len(c.walls))
+			got := make([]stepRollouts, len(gs))
+			errs := make([]error, len(gs))
+			var wg sync.WaitGroup
+			for r := range gs {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					mine := rankRollout{Interrupted: c.interrupted[r], Wall: c.walls[r]}
+					if !mine.Interrupted {
+						mine.Rows = []rowRecord{{Tokens: float64(10 * r)}, {Tokens: float64(10*r + 1)}}
+					}
+					got[r], errs[r] = ranks{Group: gs[r], grads: dist.Single()}.gatherRollouts(context.Background(), mine)
+				}()
+			}
+			wg.Wait()
+			want := slices.Max(c.walls)
+			anyInterrupted := slices.Contains(c.interrupted, true)
+			for r, b := range got {
+				if errs[r] != nil {
+					t.Fatalf("rank %d: %v", r, errs[r])
+				}
+				if b.wall != want {
+					t.Errorf("rank %d: rollout wall %v, want %v (the slowest rank's: every rank waits for it)", r, b.wall, want)
+				}
+				if b.interrupted != anyInterrupted {
+					t.Errorf("rank %d: interrupted %v, want %v (any rank's interruption drops the step on all)", r, b.interrupted, anyInterrupted)
+				}
+				if !anyInterrupted && !reflect.DeepEqual(b.tokens, []float64{0, 1, 10, 11}) {
+					t.Errorf("rank %d: tokens %v, want [0 1 10 11]: every rank's rows in global row order", r, b.tokens)
+				}
+			}
+		})
 	}
 }

@@ -371,7 +371,7 @@ func (j *job) step(ctx context.Context) (*stepResult, error) {
 	// before this step, and their sequences for the loss (prompt +
 	// response, policy tokens masked in). seqs is indexed by global row;
 	// only this rank's rows are filled.
-	mine := rankRollout{Interrupted: interrupted}
+	mine := rankRollout{Interrupted: interrupted, Wall: rstats.Wall}
 	seqs := make([]torchbridge.Sequence, tc.BatchSize*tc.GroupSize)
 	for k := 0; k < len(local) && !interrupted; k++ {
 		i := lo + k
@@ -388,13 +388,15 @@ func (j *job) step(ctx context.Context) (*stepResult, error) {
 	// 4. Collective: all-gather the responses and rewards of every rank,
 	// in global row order. An interruption on any rank drops the step on
 	// all of them (it is redone on --resume).
-	samples, rewards, tokens, interrupted, err := r.gatherRollouts(context.WithoutCancel(ctx), mine)
+	all, err := r.gatherRollouts(context.WithoutCancel(ctx), mine)
 	if err != nil {
 		return nil, err
 	}
-	if interrupted {
+	if all.interrupted {
 		return nil, j.sampler.Restore(samplerBefore)
 	}
+	samples, rewards, tokens := all.samples, all.rewards, all.tokens
+	rstats.Wall = all.wall // rollout_time_s: the slowest rank's
 	var stepCalls []string
 	for _, s := range samples {
 		stepCalls = append(stepCalls, s.CalledModels()...)
