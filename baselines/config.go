@@ -13,8 +13,9 @@ import "fmt"
 type Config struct {
 	// ValShare is the share of the matrix's questions held out to select
 	// each router's weights (select.go): after every epoch the held-out
-	// questions are routed and the weights of the best mean F1 kept. 0
-	// keeps the last epoch's weights.
+	// questions are routed and the weights of the best mean
+	// F1 − cost_lambda · relative cost of the picks kept. 0 keeps the last
+	// epoch's weights.
 	ValShare    float64           `toml:"val_share" json:"val_share"`
 	MLP         MLPConfig         `toml:"mlp" json:"mlp"`
 	RouteLLMMF  MFConfig          `toml:"routellm_mf" json:"routellm_mf"`

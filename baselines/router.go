@@ -132,6 +132,9 @@ type spec struct {
 	// build makes an untrained model with a manifest's shapes (its table,
 	// embedding size and models), for Load to fill with the saved weights.
 	build func(man *Manifest) (model, error)
+	// lambda is the router's cost_lambda in c (its model selection weighs
+	// cost with it, as its routing does).
+	lambda func(c Config) float64
 }
 
 // registry holds the trainable baseline routers of the ReCal paper's
@@ -140,10 +143,14 @@ type spec struct {
 // "graphrouter" (graphModel, GraphRouter). Unknown names are an error
 // listing these.
 var registry = map[string]spec{
-	"mlp":         {hyper: func(c Config) any { return c.MLP }, fit: fitMLP, build: buildMLP},
-	"routellm-mf": {hyper: func(c Config) any { return c.RouteLLMMF }, fit: fitMF, build: buildMF},
-	"routerdc":    {hyper: func(c Config) any { return c.RouterDC }, fit: fitDC, build: buildDC},
-	"graphrouter": {hyper: func(c Config) any { return c.GraphRouter }, fit: fitGraph, build: buildGraph},
+	"mlp": {hyper: func(c Config) any { return c.MLP }, fit: fitMLP, build: buildMLP,
+		lambda: func(c Config) float64 { return c.MLP.CostLambda }},
+	"routellm-mf": {hyper: func(c Config) any { return c.RouteLLMMF }, fit: fitMF, build: buildMF,
+		lambda: func(c Config) float64 { return c.RouteLLMMF.CostLambda }},
+	"routerdc": {hyper: func(c Config) any { return c.RouterDC }, fit: fitDC, build: buildDC,
+		lambda: func(c Config) float64 { return c.RouterDC.CostLambda }},
+	"graphrouter": {hyper: func(c Config) any { return c.GraphRouter }, fit: fitGraph, build: buildGraph,
+		lambda: func(c Config) float64 { return c.GraphRouter.CostLambda }},
 }
 
 // Names lists the registered routers, sorted.
@@ -286,6 +293,7 @@ func Fit(ctx context.Context, name string, cfg Config, m *Matrix, emb embed.Embe
 	h.Write([]byte(name))
 	rng := rand.New(rand.NewPCG(uint64(seed), h.Sum64()))
 	d.train, d.val = split(len(m.Questions), cfg.ValShare, rng)
+	d.val.weigh(sp.lambda(cfg), costs(d.models))
 	mdl, err := sp.fit(ctx, d, cfg, rng)
 	if err != nil {
 		return nil, fmt.Errorf("baselines: fit %s: %w", name, err)

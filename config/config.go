@@ -62,7 +62,10 @@ type Train struct {
 	// GroupSize is G, the responses sampled per question (≥ 2).
 	GroupSize int `toml:"group_size"`
 	// MiniBatches splits a step's responses into this many optimizer
-	// updates (1 = one update per step, fully on-policy).
+	// updates (1 = one update per step, fully on-policy). Each mini-batch
+	// takes responses of every group (with mini_batches dividing
+	// group_size, responses [m·G/k, (m+1)·G/k) of each), so every
+	// data-parallel rank works in every mini-batch.
 	MiniBatches int `toml:"mini_batches"`
 	// MicroBatch is the responses per forward/backward call; gradients
 	// accumulate over the micro-batches of a mini-batch.
@@ -250,7 +253,10 @@ type Policy struct {
 	// given with --set), as are data.dir, pool.cache_dir and
 	// router.prompt_template.
 	Checkpoint string `toml:"checkpoint"`
-	// Device is "cpu", "cuda" or "cuda:N" (cuda needs a CUDA libtorch, see LIBTORCH).
+	// Device is "cpu", "cuda" or "cuda:N" (cuda needs a CUDA libtorch, see
+	// LIBTORCH). With several data-parallel ranks "cuda" gives each rank
+	// cuda:LOCAL_RANK, and "cuda:N" is refused (every rank of a node on
+	// one GPU).
 	Device string `toml:"device"`
 	// DType is the parameter and compute precision: "float32" or "bfloat16".
 	DType string `toml:"dtype"`

@@ -15,8 +15,9 @@ type Dist struct {
 	// within this time. Default "300s".
 	Timeout time.Duration `toml:"timeout"`
 	// Backend carries the gradient all-reduce: "auto" (nccl when the policy
-	// is on a GPU, else gloo), "gloo" or "nccl" (CUDA builds only). Byte
-	// collectives (rollout records, rewards) always go over Gloo.
+	// is on a CUDA device, "cuda" or "cuda:N"; gloo for any other), "gloo"
+	// or "nccl" (CUDA builds only). Byte collectives (rollout records,
+	// rewards) always go over Gloo.
 	Backend string `toml:"backend"`
 	// BucketBytes is the size of the float32 buckets the gradients are
 	// all-reduced in (bytes); each bucket is sent while the next is filled.

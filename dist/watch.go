@@ -3,6 +3,9 @@ package dist
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,7 +23,11 @@ import (
 // lost. The watchdog tells: every rank keeps a TCP connection to rank 0
 // (its own, beside the process group's) and reports, once per interval
 // and whenever it enters or leaves a collective, how many collectives it
-// has entered; rank 0 sends everyone the table of all ranks. A rank whose
+// has entered; rank 0 sends everyone the table of all ranks. Rank 0
+// listens on its own address on the route to the rendezvous host only, and
+// a connection must first present the job's token (random, made by rank 0
+// and broadcast over the process group; never logged) before it counts as
+// a rank or is sent anything. A rank whose
 // connection closed died (or its host did); one whose reports stopped is
 // stopped or its host hangs; one that never reached the collective the
 // others wait in is stuck before it. Guard wraps a collective's error with
@@ -43,13 +50,15 @@ type Watchdog struct {
 	log        *slog.Logger
 
 	mu       sync.Mutex
-	self     report        // this rank's state
-	peers    []peer        // rank 0: every rank's state; other ranks: rank 0's latest table
-	updated  time.Time     // when peers last changed
-	rootGone string        // other ranks: why the connection to rank 0 ended ("" while it is up)
-	ln       net.Listener  // rank 0
-	conns    map[int]*wire // rank 0: the other ranks' connections
-	up       *wire         // other ranks: the connection to rank 0
+	self     report            // this rank's state
+	peers    []peer            // rank 0: every rank's state; other ranks: rank 0's latest table
+	updated  time.Time         // when peers last changed
+	rootGone string            // other ranks: why the connection to rank 0 ended ("" while it is up)
+	ln       net.Listener      // rank 0
+	token    string            // the job's token (secret: never logged)
+	conns    map[int]*wire     // rank 0: the other ranks' connections
+	pending  map[net.Conn]bool // rank 0: connections yet to say hello
+	up       *wire             // other ranks: the connection to rank 0
 	closed   bool
 	stop     chan struct{}
 	wg       sync.WaitGroup
@@ -72,6 +81,22 @@ type peer struct {
 	Quiet  float64 `json:"quiet_s"`        // seconds since its last report (rank 0's clock)
 	last   time.Time
 }
+
+// hello is a rank's first line to rank 0: who it is and the job's token.
+type hello struct {
+	Rank  int    `json:"rank"`
+	Token string `json:"token"`
+}
+
+// rendezvous is what rank 0 broadcasts: where it listens ("" when it
+// cannot) and the job's token.
+type rendezvous struct {
+	Addr  string `json:"addr"`
+	Token string `json:"token"`
+}
+
+// helloTimeout bounds how long rank 0 waits for a new connection's hello.
+const helloTimeout = 10 * time.Second
 
 // table is what rank 0 sends.
 type table struct {
@@ -99,12 +124,12 @@ func (w *wire) send(v any) error {
 }
 
 // Watch starts watching the ranks of g, which all call it right after
-// joining: rank 0 listens on a free port and sends its address to the
-// others over g (a broadcast), who connect to it. host is the rendezvous
-// address (MASTER_ADDR): rank 0's address is the one it reaches host from,
-// since under torchrun's agent store rank 0 need not run on host. Watching
-// is best effort: when a rank cannot connect, it warns and its errors go
-// unnamed.
+// joining: rank 0 listens on a free port of its address on the route to
+// host (the rendezvous address, MASTER_ADDR: under torchrun's agent store
+// rank 0 need not run on host), not on every interface, and sends that
+// address and a random token to the others over g (a broadcast), who
+// connect to it and present the token. Watching is best effort: when a
+// rank cannot connect, it warns and its errors go unnamed.
 func Watch(ctx context.Context, g Group, host string, opt WatchOptions) (*Watchdog, error) {
 	if opt.Interval <= 0 {
 		opt.Interval = time.Second
@@ -120,40 +145,48 @@ func Watch(ctx context.Context, g Group, host string, opt WatchOptions) (*Watchd
 	if host == "" {
 		host = "127.0.0.1"
 	}
-	var addr string
+	var rv rendezvous
 	if w.rank == 0 {
-		ln, err := net.Listen("tcp", ":0")
+		ip := localAddr(host)
+		token := make([]byte, 32)
+		ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+		if err == nil {
+			_, err = rand.Read(token)
+			if err != nil {
+				ln.Close()
+			}
+		}
 		if err != nil {
-			w.log.Warn("dist: watchdog: cannot listen; a lost rank will not be named", "err", err)
+			w.log.Warn("dist: watchdog: cannot listen; a lost rank will not be named", "addr", ip, "err", err)
 		} else {
-			w.ln = ln
-			w.conns = map[int]*wire{}
+			w.ln, w.token = ln, hex.EncodeToString(token)
+			w.conns, w.pending = map[int]*wire{}, map[net.Conn]bool{}
 			w.peers = make([]peer, w.size)
 			for r := range w.peers {
 				w.peers[r].Rank = r
 			}
 			w.peers[0].Joined = true
-			addr = net.JoinHostPort(localAddr(host), strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
+			rv = rendezvous{Addr: net.JoinHostPort(ip, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)), Token: w.token}
 		}
 	}
-	b, err := g.Broadcast(ctx, []byte(addr), 0)
+	rv, err := BroadcastOf(ctx, g, rv, 0)
 	if err != nil {
 		w.Close()
 		return nil, fmt.Errorf("dist: watchdog: %w", err)
 	}
-	addr = string(b)
 	switch {
 	case w.rank == 0 && w.ln != nil:
 		w.wg.Add(2)
 		go w.accept()
 		go w.tick()
-	case w.rank != 0 && addr != "":
-		c, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	case w.rank != 0 && rv.Addr != "":
+		c, err := net.DialTimeout("tcp", rv.Addr, 10*time.Second)
 		if err != nil {
-			w.log.Warn("dist: watchdog: cannot reach rank 0; a lost rank will not be named", "addr", addr, "err", err)
+			w.log.Warn("dist: watchdog: cannot reach rank 0; a lost rank will not be named", "addr", rv.Addr, "err", err)
 			break
 		}
 		w.up, w.updated = &wire{c: c, w: bufio.NewWriter(c)}, time.Now()
+		w.up.send(hello{Rank: w.rank, Token: rv.Token})
 		w.up.send(w.self)
 		w.wg.Add(2)
 		go w.listen()
@@ -186,15 +219,39 @@ func (w *Watchdog) accept() {
 	}
 }
 
-// serve reads one rank's reports (rank 0).
+// serve reads one rank's reports (rank 0), after its hello: a connection
+// that does not present the job's token within helloTimeout is closed
+// unheard, and is never sent the table.
 func (w *Watchdog) serve(c net.Conn) {
 	defer w.wg.Done()
 	defer c.Close()
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return
+	}
+	w.pending[c] = true // Close ends the wait for its hello
+	w.mu.Unlock()
 	sc := bufio.NewScanner(c)
+	c.SetReadDeadline(time.Now().Add(helloTimeout))
+	var h hello
+	ok := sc.Scan() && json.Unmarshal(sc.Bytes(), &h) == nil &&
+		subtle.ConstantTimeCompare([]byte(h.Token), []byte(w.token)) == 1 && h.Rank > 0 && h.Rank < w.size
+	w.mu.Lock()
+	delete(w.pending, c)
+	closed := w.closed
+	w.mu.Unlock()
+	if !ok {
+		if !closed {
+			w.log.Warn("dist: watchdog: refused a connection without the job's token", "from", c.RemoteAddr().String())
+		}
+		return
+	}
+	c.SetReadDeadline(time.Time{})
 	r := -1
 	for sc.Scan() {
 		var rp report
-		if json.Unmarshal(sc.Bytes(), &rp) != nil || rp.Rank <= 0 || rp.Rank >= w.size || (r >= 0 && rp.Rank != r) {
+		if json.Unmarshal(sc.Bytes(), &rp) != nil || rp.Rank != h.Rank {
 			return
 		}
 		w.mu.Lock()
@@ -387,6 +444,9 @@ func (w *Watchdog) Close() error {
 	var conns []*wire
 	for _, c := range w.conns {
 		conns = append(conns, c)
+	}
+	for c := range w.pending {
+		c.Close()
 	}
 	w.mu.Unlock()
 	close(w.stop)

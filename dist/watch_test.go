@@ -1,10 +1,15 @@
 package dist
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
+	"log/slog"
+	"net"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -173,4 +178,113 @@ func TestWatchdogNamesTheLostRank(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// Rank 0's watchdog listens on its own address on the route to the
+// rendezvous host, not on every interface, and a connection that does not
+// present the job's token (sent over the process group) is closed unheard:
+// it is never counted as a rank, never changes the table, and never
+// receives it. The token is never logged.
+func TestWatchdogAdmitsOnlyTheJobsRanks(t *testing.T) {
+	var logs bytes.Buffer
+	var logMu sync.Mutex
+	ms := newHub(2)
+	ws := make([]*Watchdog, 2)
+	var wg sync.WaitGroup
+	for r := range ms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			log := slog.New(slog.NewTextHandler(&lockedWriter{mu: &logMu, w: &logs}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+			w, err := Watch(context.Background(), ms[r], "127.0.0.1", WatchOptions{Interval: 20 * time.Millisecond, Silent: 5 * time.Second, Log: log})
+			if err != nil {
+				t.Error(err)
+			}
+			ws[r] = w
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	t.Cleanup(func() {
+		for _, w := range ws {
+			w.Close()
+		}
+	})
+	addr := ws[0].ln.Addr().(*net.TCPAddr)
+	if !addr.IP.Equal(net.IPv4(127, 0, 0, 1)) {
+		t.Errorf("rank 0's watchdog listens on %v, want 127.0.0.1 (its address on the route to the rendezvous host): listening on every interface exposes it to any host", addr)
+	}
+	if len(ws[0].token) < 32 {
+		t.Fatalf("rank 0's token %d characters long, want a random one of at least 32", len(ws[0].token))
+	}
+
+	for _, c := range []struct {
+		name  string
+		lines []string
+	}{
+		{"no hello: a report at once", []string{`{"rank":1,"seq":99,"op":"intruder"}`}},
+		{"a wrong token", []string{`{"rank":1,"token":"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}`, `{"rank":1,"seq":99,"op":"intruder"}`}},
+		{"no token", []string{`{"rank":1}`, `{"rank":1,"seq":99,"op":"intruder"}`}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			conn, err := net.Dial("tcp", addr.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			for _, l := range c.lines {
+				conn.Write([]byte(l + "\n"))
+			}
+			conn.SetReadDeadline(time.Now().Add(3 * time.Second))
+			b, err := io.ReadAll(conn)
+			if len(b) > 0 || (err != nil && !errors.Is(err, syscall.ECONNRESET)) { // a reset: closed with our lines unread
+				t.Errorf("a connection without the job's token read %d bytes, starting %.200q (%v); want the connection closed with nothing sent: the table names the job's ranks", len(b), b, err)
+			}
+			ws[0].mu.Lock()
+			op := ws[0].peers[1].Op
+			ws[0].mu.Unlock()
+			if op == "intruder" {
+				t.Errorf("rank 0's table took the report of a connection without the job's token as rank 1's")
+			}
+		})
+	}
+	// The real rank 1 is still watched.
+	if err := ws[1].Guard("barrier", func() error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ws[0].mu.Lock()
+		op := ws[0].peers[1].Op
+		ws[0].mu.Unlock()
+		if op == "barrier" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("rank 0 never saw rank 1's report (op %q), want the job's own rank admitted", op)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	logMu.Lock()
+	defer logMu.Unlock()
+	if strings.Contains(logs.String(), ws[0].token) {
+		t.Errorf("the job's token appears in the log:\n%s", logs.String())
+	}
+	if !strings.Contains(logs.String(), "refused a connection without the job's token") {
+		t.Errorf("the refused connections were not logged:\n%s", logs.String())
+	}
+}
+
+// lockedWriter serialises writes of several loggers to one buffer.
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/recal-project/recal/config"
@@ -193,33 +194,51 @@ type rowRecord struct {
 }
 
 // rankRollout is one rank's part of a step: its rows in order, or that its
-// rollout was interrupted.
+// rollout was interrupted, and how long its rollout took.
 type rankRollout struct {
 	Interrupted bool
 	Rows        []rowRecord
+	Wall        time.Duration
+}
+
+// stepRollouts is the whole batch of a step, gathered from every rank.
+type stepRollouts struct {
+	samples []router.Sample
+	rewards []router.Rewards
+	tokens  []float64 // policy tokens per row
+	// interrupted is true when any rank's rollout was interrupted (the
+	// step is then dropped by all); the rows are then empty.
+	interrupted bool
+	// wall is the rollouts' wall time: the slowest rank's, which every
+	// rank waited for at the gather.
+	wall time.Duration
 }
 
 // gatherRollouts all-gathers the ranks' rows into the global batch, in
-// global row order. interrupted is true on every rank when any rank's
-// rollout was interrupted (the step is then dropped by all).
-func (r ranks) gatherRollouts(ctx context.Context, mine rankRollout) (samples []router.Sample, rewards []router.Rewards, tokens []float64, interrupted bool, err error) {
+// global row order, the same on every rank.
+func (r ranks) gatherRollouts(ctx context.Context, mine rankRollout) (stepRollouts, error) {
 	parts, err := allGather(ctx, r, "rollouts", mine)
 	if err != nil {
-		return nil, nil, nil, false, err
+		return stepRollouts{}, err
 	}
+	var b stepRollouts
 	for _, p := range parts {
+		b.wall = max(b.wall, p.Wall)
 		if p.Interrupted {
-			return nil, nil, nil, true, nil
+			b.interrupted = true
 		}
+	}
+	if b.interrupted {
+		return b, nil
 	}
 	for _, p := range parts {
 		for _, row := range p.Rows {
-			samples = append(samples, row.Sample)
-			rewards = append(rewards, row.Rewards)
-			tokens = append(tokens, row.Tokens)
+			b.samples = append(b.samples, row.Sample)
+			b.rewards = append(b.rewards, row.Rewards)
+			b.tokens = append(b.tokens, row.Tokens)
 		}
 	}
-	return samples, rewards, tokens, false, nil
+	return b, nil
 }
 
 // record is the part of a local response the other ranks need.
@@ -357,28 +376,43 @@ func LocalWorldSize() int {
 
 // RankDevice is the device a rank's policy runs on: "cuda" becomes
 // "cuda:LOCAL_RANK" when there are several ranks, so each local rank has
-// its own GPU; any other setting is kept.
-func RankDevice(device string, launch dist.Launch) string {
-	if device == "cuda" && launch.Distributed() {
-		return "cuda:" + strconv.Itoa(launch.LocalRank)
+// its own GPU (the launcher gives every rank all of its node's GPUs).
+// With several ranks an explicit "cuda:N" is refused: it would put every
+// rank of a node on the same GPU. Any other setting is kept.
+func RankDevice(device string, launch dist.Launch) (string, error) {
+	if !launch.Distributed() || !isCUDA(device) {
+		return device, nil
 	}
-	return device
+	if device != "cuda" {
+		return "", fmt.Errorf("trainer: policy.device = %q names one GPU, but this process is rank %d of %d: every rank of a node would run on it; "+
+			"use policy.device = \"cuda\", which gives each rank cuda:LOCAL_RANK (here cuda:%d)", device, launch.Rank, launch.WorldSize, launch.LocalRank)
+	}
+	return "cuda:" + strconv.Itoa(launch.LocalRank), nil
+}
+
+// isCUDA reports whether device is a CUDA device ("cuda" or "cuda:N").
+func isCUDA(device string) bool { return device == "cuda" || strings.HasPrefix(device, "cuda:") }
+
+// groupBackend is the backend of the gradient all-reduce: dist.backend,
+// with "auto" (or "") NCCL for a CUDA device and Gloo for any other.
+func groupBackend(backend, device string) string {
+	if backend != "auto" && backend != "" {
+		return backend
+	}
+	if isCUDA(device) {
+		return "nccl"
+	}
+	return "gloo"
 }
 
 // JoinGroup joins the process group of a launch (nil, nil for one
 // process), with the [dist] settings: the gradient all-reduce on NCCL when
-// dist.backend is "nccl", or "auto" with the policy on a GPU.
+// dist.backend is "nccl", or "auto" with the policy on a CUDA device.
 func JoinGroup(ctx context.Context, launch dist.Launch, dc config.Dist, device string) (dist.Group, error) {
 	if !launch.Distributed() {
 		return nil, nil
 	}
-	backend := dc.Backend
-	if backend == "auto" || backend == "" {
-		backend = "gloo"
-		if device != "cpu" {
-			backend = "nccl"
-		}
-	}
+	backend := groupBackend(dc.Backend, device)
 	t0 := time.Now()
 	pg, err := torchbridge.NewProcessGroup(ctx, torchbridge.GroupOptions{Rank: launch.Rank, WorldSize: launch.WorldSize,
 		MasterAddr: launch.MasterAddr, MasterPort: launch.MasterPort, StorePrefix: launch.StorePrefix,

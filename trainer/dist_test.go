@@ -6,11 +6,13 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -86,7 +88,13 @@ func TestTrainRankHelper(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer g.Close()
-	err = trainer.Train(ctx, cfg, trainer.Options{RunDir: run, Group: g, Resume: os.Getenv("RECAL_TRAIN_RANK_RESUME") == "1"})
+	// With RECAL_TRAIN_RANK_DEBUG=1 the rank logs at debug level: the
+	// rows it backpropagates of each mini-batch.
+	log := slog.Default()
+	if os.Getenv("RECAL_TRAIN_RANK_DEBUG") == "1" {
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	err = trainer.Train(ctx, cfg, trainer.Options{RunDir: run, Group: g, Resume: os.Getenv("RECAL_TRAIN_RANK_RESUME") == "1", Log: log})
 	if err != nil {
 		fmt.Printf("rank %d: train: %v\n", l.Rank, err)
 		t.Fatal(err)
@@ -101,7 +109,10 @@ func TestTrainRankHelper(t *testing.T) {
 //   - a rank killed (SIGKILL) in the middle of a step makes the other exit
 //     non-zero within dist.timeout, naming the lost rank;
 //   - --resume then finishes with two ranks, exactly as the uninterrupted
-//     two-rank run, and with one.
+//     two-rank run, and with one;
+//   - with train.mini_batches = 2 every rank backpropagates its share of
+//     each mini-batch, and two ranks still compute what one process
+//     computes.
 func TestTrainDataParallel(t *testing.T) {
 	if os.Getenv(rankHelperEnv) != "" {
 		t.Skip("inside a helper rank")
@@ -111,7 +122,7 @@ func TestTrainDataParallel(t *testing.T) {
 	}
 	ck := microCheckpoint(t)
 	sets := []string{"train.steps=4", "train.checkpoint_every=1"}
-	ranks := func(t *testing.T, run string, env ...string) ([]error, []string, time.Duration) {
+	ranksWith := func(t *testing.T, run string, sets []string, env ...string) ([]error, []string, time.Duration) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
@@ -128,6 +139,10 @@ func TestTrainDataParallel(t *testing.T) {
 			}
 		}
 		return errs, texts, took
+	}
+	ranks := func(t *testing.T, run string, env ...string) ([]error, []string, time.Duration) {
+		t.Helper()
+		return ranksWith(t, run, sets, env...)
 	}
 	one := filepath.Join(t.TempDir(), "one")
 	if err := trainer.Train(context.Background(), testConfig(t, ck, append(append([]string{}, distSets...), sets...)...), trainer.Options{RunDir: one}); err != nil {
@@ -186,6 +201,53 @@ func TestTrainDataParallel(t *testing.T) {
 			t.Fatal(err)
 		}
 		compareRuns(t, two, resumed1, match{exactUpTo: 4, weights: map[string]float64{"step-4": 0}})
+	})
+
+	t.Run("mini_batches = 2: both ranks work in every mini-batch, as one process", func(t *testing.T) {
+		// Mini-batch m holds response m of each group (group_size 2), so
+		// each rank holds one response of each; micro_batch 1 makes one
+		// process's micro-batches those same responses.
+		mb := []string{"train.steps=2", "train.checkpoint_every=1", "train.mini_batches=2", "train.micro_batch=1"}
+		one := filepath.Join(t.TempDir(), "one-mb2")
+		if err := trainer.Train(context.Background(), testConfig(t, ck, append(append([]string{}, distSets...), mb...)...), trainer.Options{RunDir: one}); err != nil {
+			t.Fatal(err)
+		}
+		two := filepath.Join(t.TempDir(), "two-mb2")
+		errs, outs, _ := ranksWith(t, two, mb, "RECAL_TRAIN_RANK_DEBUG=1")
+		for r, err := range errs {
+			if err != nil {
+				t.Fatalf("rank %d: %v\n%s", r, err, outs[r])
+			}
+		}
+		line := regexp.MustCompile(`msg=mini-batch step=(\d+) mini_batch=(\d+) of=(\d+) rank=(\d+) rows=(\d+)`)
+		for r, out := range outs {
+			rows := map[[2]int]int{} // (step, mini-batch) → this rank's rows
+			for _, m := range line.FindAllStringSubmatch(out, -1) {
+				step, _ := strconv.Atoi(m[1])
+				mbi, _ := strconv.Atoi(m[2])
+				of, _ := strconv.Atoi(m[3])
+				rank, _ := strconv.Atoi(m[4])
+				n, _ := strconv.Atoi(m[5])
+				if of != 2 || rank != r {
+					t.Errorf("rank %d logged mini-batch %d of %d as rank %d; want 2 mini-batches per step, logged by rank %d", r, mbi, of, rank, r)
+				}
+				rows[[2]int{step, mbi}] = n
+			}
+			ok := true
+			for step := 1; step <= 2; step++ {
+				for mbi := 1; mbi <= 2; mbi++ {
+					if n := rows[[2]int{step, mbi}]; n != 1 {
+						ok = false
+						t.Errorf("rank %d backpropagated %d rows of step %d's mini-batch %d, want 1 (its share: one response of its group); a rank without rows idles at the all-reduce",
+							r, n, step, mbi)
+					}
+				}
+			}
+			if !ok {
+				t.Logf("rank %d's output:\n%s", r, out)
+			}
+		}
+		compareRuns(t, one, two, match{exactUpTo: 2, weights: map[string]float64{"step-1": 0, "step-2": 0}})
 	})
 }
 

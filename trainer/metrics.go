@@ -31,8 +31,8 @@ type Metrics struct {
 	GradNorm         float64            `json:"grad_norm"` // mean over the step's applied optimizer updates, before clipping
 	LR               float64            `json:"lr"`        // the policy's learning rate this step (train.lr_schedule)
 	StepTime         float64            `json:"step_time_s"`
-	RolloutTime      float64            `json:"rollout_time_s"`
-	TokensPerSec     float64            `json:"tokens_per_s"` // policy tokens generated and trained per second
+	RolloutTime      float64            `json:"rollout_time_s"` // wall time of the step's rollouts; with several ranks the slowest rank's (max over ranks)
+	TokensPerSec     float64            `json:"tokens_per_s"`   // policy tokens generated and trained per second
 	PolicyTokens     float64            `json:"policy_tokens"`
 	Cost             float64            `json:"cost"` // USD spent on the pool this step
 	PoolFailures     int64              `json:"pool_failures"`

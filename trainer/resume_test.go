@@ -15,6 +15,7 @@ import (
 
 	"github.com/recal-project/recal/calibration"
 	"github.com/recal-project/recal/config"
+	"github.com/recal-project/recal/internal/runlock"
 	"github.com/recal-project/recal/llmpool"
 	"github.com/recal-project/recal/trainer"
 )
@@ -71,6 +72,30 @@ func TestFailedStartLeavesNoRunFolder(t *testing.T) {
 				t.Fatalf("second attempt, problem fixed, no --resume: %v", err)
 			}
 		})
+	}
+}
+
+// A run folder another process works in is refused at once, naming that
+// process, before anything is loaded or written: two runs on one folder
+// would interleave their logs and checkpoints.
+func TestTrainRefusesARunFolderInUse(t *testing.T) {
+	ck := microCheckpoint(t)
+	run := filepath.Join(t.TempDir(), "run")
+	held, err := runlock.Acquire(run, "recal ablate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release()
+	for _, resume := range []bool{false, true} {
+		err := trainer.Train(context.Background(), testConfig(t, ck, "sft.steps=0", "train.steps=1"), trainer.Options{RunDir: run, Resume: resume})
+		want := fmt.Sprintf("in use by pid %d", os.Getpid())
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("train (resume %v) on a folder in use: %v; want an error saying %q", resume, err, want)
+		}
+		entries, _ := os.ReadDir(run)
+		if len(entries) != 1 || entries[0].Name() != runlock.File {
+			t.Fatalf("the refused run wrote into the folder in use: it holds %v, want the holder's %s alone", entries, runlock.File)
+		}
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/dist"
 	"github.com/recal-project/recal/generate"
+	"github.com/recal-project/recal/internal/runlock"
 	"github.com/recal-project/recal/router"
 	"github.com/recal-project/recal/torchbridge"
 )
@@ -73,6 +75,19 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 		if err := checkWorld(cfg, opt.Group.Size()); err != nil {
 			return err
 		}
+	}
+	// One process at a time works in a run folder: rank 0 locks it (a
+	// second `recal train` on it stops here, naming the holder) until Train
+	// returns; a lock left by a process that died is taken over.
+	if opt.RunDir == "" {
+		return fmt.Errorf("trainer: no run folder")
+	}
+	if opt.Group == nil || opt.Group.Rank() == 0 {
+		lock, err := runlock.Acquire(opt.RunDir, "recal train")
+		if err != nil {
+			return fmt.Errorf("trainer: run folder: %w", err)
+		}
+		defer lock.Release()
 	}
 	// Everything is checked and loaded before the run folder is written, so
 	// that a job failing at start leaves nothing a second attempt trips on.
@@ -357,7 +372,7 @@ func (j *job) step(ctx context.Context) (*stepResult, error) {
 	// before this step, and their sequences for the loss (prompt +
 	// response, policy tokens masked in). seqs is indexed by global row;
 	// only this rank's rows are filled.
-	mine := rankRollout{Interrupted: interrupted}
+	mine := rankRollout{Interrupted: interrupted, Wall: rstats.Wall}
 	seqs := make([]torchbridge.Sequence, tc.BatchSize*tc.GroupSize)
 	for k := 0; k < len(local) && !interrupted; k++ {
 		i := lo + k
@@ -374,13 +389,15 @@ func (j *job) step(ctx context.Context) (*stepResult, error) {
 	// 4. Collective: all-gather the responses and rewards of every rank,
 	// in global row order. An interruption on any rank drops the step on
 	// all of them (it is redone on --resume).
-	samples, rewards, tokens, interrupted, err := r.gatherRollouts(context.WithoutCancel(ctx), mine)
+	all, err := r.gatherRollouts(context.WithoutCancel(ctx), mine)
 	if err != nil {
 		return nil, err
 	}
-	if interrupted {
+	if all.interrupted {
 		return nil, j.sampler.Restore(samplerBefore)
 	}
+	samples, rewards, tokens := all.samples, all.rewards, all.tokens
+	rstats.Wall = all.wall // rollout_time_s: the slowest rank's
 	var stepCalls []string
 	for _, s := range samples {
 		stepCalls = append(stepCalls, s.CalledModels()...)
@@ -408,13 +425,16 @@ func (j *job) step(ctx context.Context) (*stepResult, error) {
 	// (the expensive part: forward+backward through libtorch) at this
 	// step's learning rate (train.lr_schedule, train.warmup_steps): a
 	// function of the step alone, so a resumed run continues the schedule.
+	// Every mini-batch holds responses of every group (miniBatches), so
+	// every rank has its share of each and none idles at the all-reduce.
 	adam := scaleLR(j.adam, tc.LRFactor(step))
 	var gradNorms []float64
 	skipped := 0 // optimizer updates of this step skipped for a non-finite gradient norm
 	var mineLoss rankLoss
-	for mbi, mb := range split(len(seqs), tc.MiniBatches) {
+	mbs := miniBatches(len(qs), tc.GroupSize, tc.MiniBatches)
+	for mbi, mb := range mbs {
 		total := 0.0
-		var rows []int // this rank's rows of the mini-batch
+		var rows []int // this rank's rows of the mini-batch, in global row order
 		for _, i := range mb {
 			total += tokens[i]
 			if i >= lo && i < hi {
@@ -422,6 +442,8 @@ func (j *job) step(ctx context.Context) (*stepResult, error) {
 			}
 		}
 		mineLoss.Micro = append(mineLoss.Micro, nil)
+		j.log.Debug("mini-batch", "step", step, "mini_batch", mbi+1, "of", len(mbs), "rank", r.Rank(), "rows", len(rows), "all_rows", len(mb),
+			"policy_tokens", total)
 		if total == 0 {
 			continue
 		}
@@ -569,16 +591,28 @@ func refLogp(ctx context.Context, ref *torchbridge.Policy, seqs []torchbridge.Se
 	return nil
 }
 
-// split deals indices 0..n-1 into k contiguous mini-batches.
-func split(n, k int) [][]int {
-	var out [][]int
-	for j := 0; j < k; j++ {
-		lo, hi := j*n/k, (j+1)*n/k
-		var mb []int
-		for i := lo; i < hi; i++ {
-			mb = append(mb, i)
+// miniBatches deals the rows of a step (questions × g responses, row
+// q·g + r for response r of question q) into k mini-batches, each in
+// global row order. The rows are taken response by response (response 0
+// of every question, then response 1, …) and cut into k contiguous runs
+// of that order: with k dividing g, mini-batch m holds responses
+// [m·g/k, (m+1)·g/k) of every group. Since a rank holds whole groups,
+// every rank then has the same share of every mini-batch, whatever the
+// number of ranks; and the mini-batches do not depend on it, so N ranks
+// update as one process does. k = 1 is every row in order.
+func miniBatches(questions, g, k int) [][]int {
+	n := questions * g
+	order := make([]int, 0, n)
+	for r := 0; r < g; r++ {
+		for q := 0; q < questions; q++ {
+			order = append(order, q*g+r)
 		}
+	}
+	var out [][]int
+	for m := 0; m < k; m++ {
+		mb := slices.Clone(order[m*n/k : (m+1)*n/k])
 		if len(mb) > 0 {
+			slices.Sort(mb)
 			out = append(out, mb)
 		}
 	}

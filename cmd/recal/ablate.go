@@ -16,6 +16,7 @@ import (
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/eval"
+	"github.com/recal-project/recal/internal/runlock"
 	"github.com/recal-project/recal/plot"
 	"github.com/recal-project/recal/torchbridge"
 	"github.com/recal-project/recal/trainer"
@@ -159,6 +160,14 @@ func runAblation(ctx context.Context, cfg config.Config, o ablateOptions) (ablat
 	if err != nil {
 		return rep, err
 	}
+	// One study at a time in a folder: a second `recal ablate` on it stops
+	// here, naming the holder (each run's own folder is locked by
+	// trainer.Train as well).
+	lock, err := runlock.Acquire(o.Root, "recal ablate")
+	if err != nil {
+		return rep, fmt.Errorf("ablate: study folder: %w", err)
+	}
+	defer lock.Release()
 	variants := o.variants
 	if variants == nil {
 		variants = ablate.Variants

@@ -20,6 +20,7 @@ import (
 	"github.com/recal-project/recal/calibration"
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/eval"
+	"github.com/recal-project/recal/internal/runlock"
 	"github.com/recal-project/recal/plot"
 	"github.com/recal-project/recal/trainer"
 )
@@ -158,6 +159,28 @@ var studyVariants = []ablate.Variant{ablate.Variants[0], ablate.Variants[len(abl
 
 func studyOptions(root string, seeds ...int64) ablateOptions {
 	return ablateOptions{Root: root, Seeds: seeds, Split: "id", Window: 1, Log: quietLog(), variants: studyVariants}
+}
+
+// A study folder another process works in (a second recal ablate on it)
+// is refused at once, naming that process, before anything is trained or
+// written.
+func TestAblateRefusesAFolderInUse(t *testing.T) {
+	cfg := ablateConfig(t)
+	root := t.TempDir()
+	held, err := runlock.Acquire(root, "recal ablate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release()
+	_, err = runAblation(context.Background(), cfg, studyOptions(root, 0))
+	want := fmt.Sprintf("in use by pid %d", os.Getpid())
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("ablate on a study folder in use: %v; want an error saying %q", err, want)
+	}
+	entries, _ := os.ReadDir(root)
+	if len(entries) != 1 || entries[0].Name() != runlock.File {
+		t.Fatalf("the refused study wrote into the folder in use: it holds %v, want the holder's %s alone", entries, runlock.File)
+	}
 }
 
 // recal ablate over two seeds trains one warm-up per seed and reuses it in

@@ -195,7 +195,9 @@ func runEval(ctx context.Context, cmd *cli.Command) error {
 	}
 	// Each rank: its own GPU (policy.device = "cuda") and its share of the
 	// pool's global limits.
-	cfg.Policy.Device = trainer.RankDevice(cfg.Policy.Device, launch)
+	if cfg.Policy.Device, err = trainer.RankDevice(cfg.Policy.Device, launch); err != nil {
+		return usageError{err}
+	}
 	cfg.Pool = trainer.SharePool(cfg.Pool, launch.Rank, launch.WorldSize, slog.Default())
 	group, err := joinRanks(ctx, launch, cmd, cfg.Dist.Timeout, func() (dist.Group, error) {
 		return trainer.JoinGroup(ctx, launch, cfg.Dist, cfg.Policy.Device)

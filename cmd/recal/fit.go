@@ -87,8 +87,8 @@ func runFit(ctx context.Context, cmd *cli.Command) error {
 			fmt.Printf("%-12s %s  fitted in %v (no held-out questions: baselines.val_share = 0)\n", name, dir, took)
 			continue
 		}
-		fmt.Printf("%-12s %s  fitted in %v; mean F1 of its picks on %d held-out questions %.3f (check %d of %d kept)\n",
-			name, dir, took, v.Questions, v.F1, v.Check, v.Checks)
+		fmt.Printf("%-12s %s  fitted in %v; on %d held-out questions its picks' mean F1 %.3f, relative cost %.3f, F1 − cost_lambda·cost %.3f (check %d of %d kept)\n",
+			name, dir, took, v.Questions, v.F1, v.Cost, v.Utility, v.Check, v.Checks)
 	}
 	return nil
 }

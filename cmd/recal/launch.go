@@ -17,6 +17,7 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/recal-project/recal/dist"
+	"github.com/recal-project/recal/torchbridge"
 	"github.com/recal-project/recal/trainer"
 )
 
@@ -107,12 +108,17 @@ func launchLocal(ctx context.Context, n int, timeout time.Duration) error {
 		return fmt.Errorf("launch: %w", err)
 	}
 	args := withoutFlag(argv[1:], "nproc")
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	// The launcher serves the rendezvous store itself, as torchrun's agent
+	// does (the ranks join it as clients: TORCHELASTIC_USE_AGENT_STORE):
+	// the kernel picks its port, and it is held from before the ranks start
+	// until they end. (A port found free, released, then bound by rank 0
+	// could be taken by another process in between.)
+	store, err := torchbridge.ServeStore(0, timeout)
 	if err != nil {
-		return fmt.Errorf("launch: no free port on 127.0.0.1: %w", err)
+		return fmt.Errorf("launch: rendezvous store: %w", err)
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
+	defer store.Close()
+	port := store.Port()
 	slog.Info("starting ranks", "nproc", n, "master", "127.0.0.1:"+strconv.Itoa(port))
 
 	type exit struct {
@@ -131,6 +137,7 @@ func launchLocal(ctx context.Context, n int, timeout time.Duration) error {
 			c := exec.Command(exe, args...)
 			c.Env = append(os.Environ(), "RANK="+strconv.Itoa(r), "WORLD_SIZE="+strconv.Itoa(n), "LOCAL_RANK="+strconv.Itoa(r),
 				"LOCAL_WORLD_SIZE="+strconv.Itoa(n), "MASTER_ADDR=127.0.0.1", "MASTER_PORT="+strconv.Itoa(port),
+				"TORCHELASTIC_USE_AGENT_STORE=True", "TORCHELASTIC_RESTART_COUNT=0",
 				launcherEnv+"="+strconv.Itoa(os.Getpid()))
 			c.Stdin, c.Stdout, c.Stderr = nil, os.Stdout, os.Stderr
 			// Their own process group: a terminal's Ctrl-C reaches the

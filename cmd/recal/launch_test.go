@@ -2,12 +2,15 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/recal-project/recal/internal/hfmodel"
 )
@@ -82,6 +85,56 @@ func TestNprocEval(t *testing.T) {
 	out, err = bad.CombinedOutput()
 	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), "train.batch_size = 8 questions do not split into whole groups over 3 ranks") {
 		t.Errorf("train --nproc 3 with batch_size 8: %v\n%s\nwant exit 2 naming the batch size and the world size", err, out)
+	}
+}
+
+// probeEnv makes a rank that recal --nproc started (the test binary as
+// recal) append to the file it names whether something serves its
+// rendezvous address as it starts, then end.
+const probeEnv = "RECAL_TEST_PROBE_RENDEZVOUS"
+
+func probeRendezvous(file string) {
+	addr := net.JoinHostPort(os.Getenv("MASTER_ADDR"), os.Getenv("MASTER_PORT"))
+	state := "served"
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		state = "not served (" + err.Error() + ")"
+	} else {
+		c.Close()
+	}
+	f, err := os.OpenFile(file, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	fmt.Fprintf(f, "rank %s: %s %s, agent store %q\n", os.Getenv("RANK"), addr, state, os.Getenv("TORCHELASTIC_USE_AGENT_STORE"))
+}
+
+// recal --nproc serves the rendezvous store itself, as torchrun's agent
+// does, on a port the kernel picked: it is served from before any rank
+// starts, so no other process can take the port between its choice and
+// the rendezvous (as it could when rank 0 bound a port the launcher had
+// found free and released). TestNprocEval runs a job through it.
+func TestNprocServesTheRendezvous(t *testing.T) {
+	probe := filepath.Join(t.TempDir(), "probe")
+	cmd := exec.Command(os.Args[0], "train", "--config", "../../recal.toml", "--nproc", "2", "--run-dir", filepath.Join(t.TempDir(), "run"))
+	cmd.Env = append(os.Environ(), asRecalEnv+"=1", probeEnv+"="+probe)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("train --nproc 2 with probing ranks: %v\n%s", err, out)
+	}
+	b, err := os.ReadFile(probe)
+	if err != nil {
+		t.Fatalf("no rank probed its rendezvous address: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("%d ranks probed, want 2:\n%s", len(lines), b)
+	}
+	for _, l := range lines {
+		if !strings.Contains(l, " served, agent store \"True\"") {
+			t.Errorf("%s\nwant the rendezvous address served by the launcher before the rank starts, and the rank told to join it as a client", l)
+		}
 	}
 }
 

@@ -16,6 +16,10 @@ func TestMain(m *testing.M) {
 	torchbridge.UsePassiveOpenMP()
 	torchbridge.UseTrainingMalloc() // set now, so that train commands run in-process do not re-execute the test binary
 	if os.Getenv(asRecalEnv) == "1" {
+		if f := os.Getenv(probeEnv); f != "" && os.Getenv("RANK") != "" {
+			probeRendezvous(f) // a rank of TestNprocServesTheRendezvous: probe, then end
+			os.Exit(0)
+		}
 		// The test binary as recal itself: the ranks of --nproc re-execute it.
 		ctx, stop := interruptContext(context.Background(), os.Stderr, os.Exit)
 		code := run(ctx, os.Args)

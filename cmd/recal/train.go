@@ -88,7 +88,10 @@ func trainCommand() *cli.Command {
 			if err := rankThreads(cmd, cfg.Policy.Threads, launch); err != nil {
 				return err
 			}
-			device := trainer.RankDevice(cfg.Policy.Device, launch)
+			device, err := trainer.RankDevice(cfg.Policy.Device, launch)
+			if err != nil {
+				return usageError{err}
+			}
 			group, err := joinRanks(ctx, launch, cmd, cfg.Dist.Timeout, func() (dist.Group, error) {
 				return trainer.JoinGroup(ctx, launch, cfg.Dist, device)
 			})
