@@ -194,6 +194,26 @@ inline float row_uniform(uint64_t seed, uint64_t global_row, int64_t len) {
   return (float)((double)(z >> 11) * (1.0 / 9007199254740992.0));
 }
 
+// Shared by the bridge's files (recal_model.cc defines the first six,
+// recal_train.cc the rest).
+torch::ScalarType scalar_type(int32_t dt);
+std::string shape_str(torch::IntArrayRef s);
+// Full causal forward of right-padded tokens [B, T]; returns the final-norm
+// hidden states [B, T, H].
+torch::Tensor forward_full(const rc_policy& p, const torch::Tensor& tokens);
+// A copy of host data as a tensor on the policy's device.
+torch::Tensor device_tensor(const rc_policy& p, const void* data, std::vector<int64_t> shape, torch::ScalarType st);
+// The flat indices into [B*T] of the positions that predict a next token.
+torch::Tensor scored_positions(const rc_policy& p, int64_t B, int64_t T, const int64_t* lengths, const float* mask);
+// Fails on a token id outside the vocabulary.
+void check_tokens(const rc_policy& p, int64_t n, const int32_t* tokens);
+// Freezes or unfreezes the parameters (freezing drops gradients and state).
+void set_trainable(rc_policy& p, bool on);
+// Creates the optimizer state of the parameters that have none yet.
+void extend_optimizer(rc_policy& p);
+// Creates the optimizer state when there is none.
+void ensure_optimizer(rc_policy& p);
+
 // Whether extend_rows can decode for this policy: float32 on the CPU.
 bool rows_supported(const rc_policy& p);
 

@@ -1,0 +1,101 @@
+// recal_params.cc — the tensors a checkpoint holds: the policy's parameters
+// and the optimizer's state, listed, read and written by name in a
+// checkpoint's dtypes, and random initialisation. Every entry point Go calls
+// is in the extern "C" block (recal.h).
+
+#include "recal_internal.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+using torch::Tensor;
+using namespace recal;
+
+extern "C" {
+
+int rc_policy_param_info(rc_policy* p, int64_t i, const char** name, int32_t* ndim, int64_t* shape, char** err) {
+  return guarded(err, [&] {
+    if (i < 0 || i >= (int64_t)p->params.size()) fail("parameter index out of range");
+    *name = p->names[i].c_str();
+    auto s = p->params[i].sizes();
+    *ndim = (int32_t)s.size();
+    for (size_t d = 0; d < s.size() && d < 4; d++) shape[d] = s[d];
+  });
+}
+
+int rc_policy_set_param(rc_policy* p, const char* name, int32_t dtype, const void* data, int64_t nbytes, char** err) {
+  return guarded(err, [&] {
+    torch::NoGradGuard ng;
+    auto dst = p->find_tensor(name);
+    auto st = scalar_type(dtype);
+    auto want = dst.numel() * (int64_t)c10::elementSize(st);
+    if (nbytes != want)
+      fail("tensor \"" + std::string(name) + "\": " + std::to_string(nbytes) + " bytes, want " + std::to_string(want) +
+           " for shape " + shape_str(dst.sizes()));
+    auto src = torch::from_blob(const_cast<void*>(data), dst.sizes(), torch::TensorOptions().dtype(st));
+    dst.copy_(src);
+    // Keep the float32 master copy (if any) in step with the parameter.
+    auto it = p->index.find(name);
+    if (it != p->index.end() && !p->master.empty()) p->master[it->second].copy_(src);
+  });
+}
+
+int rc_policy_get_param(rc_policy* p, const char* name, int32_t dtype, void* buf, int64_t nbytes, char** err) {
+  return guarded(err, [&] {
+    torch::NoGradGuard ng;
+    auto src = p->find_tensor(name);
+    auto st = scalar_type(dtype);
+    auto want = src.numel() * (int64_t)c10::elementSize(st);
+    if (nbytes != want)
+      fail("tensor \"" + std::string(name) + "\": buffer of " + std::to_string(nbytes) + " bytes, want " + std::to_string(want));
+    auto t = src.detach().to(torch::kCPU).to(st).contiguous();
+    std::memcpy(buf, t.data_ptr(), (size_t)want);
+  });
+}
+
+int rc_policy_init_random(rc_policy* p, uint64_t seed, double std, char** err) {
+  return guarded(err, [&] {
+    torch::NoGradGuard ng;
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+    for (size_t i = 0; i < p->params.size(); i++) {
+      auto& t = p->params[i];
+      const auto& n = p->names[i];
+      Tensor v;
+      if (n.find("norm.weight") != std::string::npos)
+        v = torch::ones(t.sizes());
+      else if (t.dim() == 1)
+        v = torch::zeros(t.sizes());
+      else
+        v = at::normal(0.0, std, t.sizes(), gen);
+      t.copy_(v);
+      if (!p->master.empty()) p->master[i].copy_(v);
+    }
+  });
+}
+
+int rc_policy_state_names(rc_policy* p, const char*** names, int64_t* count, char** err) {
+  return guarded(err, [&] {
+    if (p->trainable) ensure_optimizer(*p);
+    *names = p->state_name_ptrs.empty() ? nullptr : p->state_name_ptrs.data();
+    *count = (int64_t)p->state_name_ptrs.size();
+  });
+}
+
+int rc_policy_state_step(rc_policy* p, int64_t* step, char** err) {
+  return guarded(err, [&] { *step = p->step; });
+}
+
+int rc_policy_set_state_step(rc_policy* p, int64_t step, char** err) {
+  return guarded(err, [&] {
+    if (step < 0) fail("negative optimizer step");
+    p->step = step;
+  });
+}
+
+}  // extern "C"
