@@ -69,9 +69,9 @@ INIT := runs/init/tiny/model.safetensors
 GOENV = CGO_CFLAGS="-O2 -DRECAL_LIB=$$(sha1sum $(LIB) | cut -c1-16)" CGO_LDFLAGS="$(TORCH_LDFLAGS)"
 
 # Pure-Go packages: they build and test without cgo or libtorch.
-PURE_PKGS := $(foreach d,internal/hfmodel config generate tokenizer data llmpool router calibration plot dist serve embed baselines ablate,$(if $(wildcard $(d)),./$(d)/...))
+PURE_PKGS := $(foreach d,internal/hfmodel internal/docgen config generate tokenizer data llmpool router calibration plot dist serve embed baselines ablate,$(if $(wildcard $(d)),./$(d)/...))
 
-.PHONY: all build lib deps test test-kernels test-pure bench train clean fixtures e2e-serve
+.PHONY: all build lib deps test test-kernels test-pure bench train clean fixtures e2e-serve docs
 
 all: build
 
@@ -158,6 +158,12 @@ train: build $(INIT)
 	rm -rf $(RUN_DIR)
 	./bin/recal train --config recal.toml --run-dir $(RUN_DIR)
 	@echo "next: ./bin/recal eval --checkpoint $(RUN_DIR) --split ood   (the run's checkpoints/best, else checkpoints/last)"
+
+# docs rewrites the generated reference pages, docs/config.md (every config
+# key, from the typed config and its doc comments) and docs/cli.md (every
+# command, from its help); `make test` fails while they are stale.
+docs: lib
+	$(GOENV) $(GO) test -count=1 -run '^TestDocs$$' ./cmd/recal -update
 
 fixtures:
 	$(PYTHON) torchbridge/testdata/qwen2_ref.py

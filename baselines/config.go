@@ -27,11 +27,13 @@ type Config struct {
 type MLPConfig struct {
 	// Hidden is the width of the one hidden (ReLU) layer.
 	Hidden int `toml:"hidden" json:"hidden"`
-	// Epochs over the matrix; BatchSize questions per AdamW step.
-	Epochs    int `toml:"epochs" json:"epochs"`
+	// Epochs is the passes over the outcome matrix's training questions.
+	Epochs int `toml:"epochs" json:"epochs"`
+	// BatchSize is the questions per AdamW step.
 	BatchSize int `toml:"batch_size" json:"batch_size"`
-	// LR and WeightDecay are AdamW's learning rate and decoupled decay.
-	LR          float64 `toml:"lr" json:"lr"`
+	// LR is AdamW's learning rate.
+	LR float64 `toml:"lr" json:"lr"`
+	// WeightDecay is AdamW's decoupled weight decay.
 	WeightDecay float64 `toml:"weight_decay" json:"weight_decay"`
 	// CostLambda weighs the cost penalty of the choice (see Config).
 	CostLambda float64 `toml:"cost_lambda" json:"cost_lambda"`
@@ -41,11 +43,15 @@ type MLPConfig struct {
 type MFConfig struct {
 	// Dim is the size of the model embeddings and of the projected question.
 	Dim int `toml:"dim" json:"dim"`
-	// Epochs over the preference pairs; BatchSize pairs per step.
-	Epochs    int `toml:"epochs" json:"epochs"`
+	// Epochs is the passes over the training questions that have a
+	// preference pair (two models of different F1).
+	Epochs int `toml:"epochs" json:"epochs"`
+	// BatchSize is the questions per AdamW step, each with all its
+	// preference pairs.
 	BatchSize int `toml:"batch_size" json:"batch_size"`
-	// LR and WeightDecay are AdamW's.
-	LR          float64 `toml:"lr" json:"lr"`
+	// LR is AdamW's learning rate.
+	LR float64 `toml:"lr" json:"lr"`
+	// WeightDecay is AdamW's decoupled weight decay.
 	WeightDecay float64 `toml:"weight_decay" json:"weight_decay"`
 	// Noise is the standard deviation of the Gaussian noise added to each
 	// coordinate of the question embedding in training (RouteLLM's alpha,
@@ -57,30 +63,35 @@ type MFConfig struct {
 
 // RouterDCConfig is [baselines.routerdc]: RouterDC's dual contrastive router.
 type RouterDCConfig struct {
-	// Hidden and Dim are the encoder's hidden width and output size (the
-	// size of the model embeddings).
+	// Hidden is the question encoder's hidden (ReLU) width.
 	Hidden int `toml:"hidden" json:"hidden"`
-	Dim    int `toml:"dim" json:"dim"`
-	// Epochs over the matrix; BatchSize questions per step.
-	Epochs    int `toml:"epochs" json:"epochs"`
+	// Dim is the question encoder's output size, the size of the model
+	// embeddings too.
+	Dim int `toml:"dim" json:"dim"`
+	// Epochs is the passes over the outcome matrix's training questions.
+	Epochs int `toml:"epochs" json:"epochs"`
+	// BatchSize is the questions per AdamW step.
 	BatchSize int `toml:"batch_size" json:"batch_size"`
-	// LR and WeightDecay are AdamW's.
-	LR          float64 `toml:"lr" json:"lr"`
+	// LR is AdamW's learning rate.
+	LR float64 `toml:"lr" json:"lr"`
+	// WeightDecay is AdamW's decoupled weight decay.
 	WeightDecay float64 `toml:"weight_decay" json:"weight_decay"`
 	// Temperature τ divides the question–model cosine similarities.
 	Temperature float64 `toml:"temperature" json:"temperature"`
-	// TopK models of highest score are the positives of the sample-LLM
-	// loss and LastK of lowest score its negatives (clamped to the pool).
-	TopK  int `toml:"top_k" json:"top_k"`
+	// TopK is the number of models of highest score that are the positives
+	// of the sample-LLM loss (clamped to the pool).
+	TopK int `toml:"top_k" json:"top_k"`
+	// LastK is the number of models of lowest score that are the negatives
+	// of the sample-LLM loss (clamped to the pool).
 	LastK int `toml:"last_k" json:"last_k"`
 	// Clusters is k of the k-means over the training questions' embeddings
 	// whose clusters the sample-sample loss contrasts.
 	Clusters int `toml:"clusters" json:"clusters"`
-	// SampleWeight is λ, the weight of the sample-sample loss (0 = off);
+	// SampleWeight is λ, the weight of the sample-sample loss (0 = off).
+	SampleWeight float64 `toml:"sample_weight" json:"sample_weight"`
 	// SampleNegatives is H, the negatives drawn per question from other
-	// clusters in the batch.
-	SampleWeight    float64 `toml:"sample_weight" json:"sample_weight"`
-	SampleNegatives int     `toml:"sample_negatives" json:"sample_negatives"`
+	// clusters in the batch for the sample-sample loss.
+	SampleNegatives int `toml:"sample_negatives" json:"sample_negatives"`
 	// CostLambda weighs the cost penalty of the choice, in units of the
 	// softmax probability over models.
 	CostLambda float64 `toml:"cost_lambda" json:"cost_lambda"`
@@ -92,12 +103,14 @@ type GraphRouterConfig struct {
 	// Hidden is the size of the aligned task and question features; nodes
 	// have 2·Hidden features.
 	Hidden int `toml:"hidden" json:"hidden"`
-	// Steps are full-graph AdamW steps; MaskRate is the share of training
-	// edges hidden from message passing and predicted at each step.
-	Steps    int     `toml:"steps" json:"steps"`
+	// Steps is the number of full-graph AdamW steps.
+	Steps int `toml:"steps" json:"steps"`
+	// MaskRate is the share of training edges hidden from message passing
+	// and predicted at each step, in (0, 1).
 	MaskRate float64 `toml:"mask_rate" json:"mask_rate"`
-	// LR and WeightDecay are AdamW's.
-	LR          float64 `toml:"lr" json:"lr"`
+	// LR is AdamW's learning rate.
+	LR float64 `toml:"lr" json:"lr"`
+	// WeightDecay is AdamW's decoupled weight decay.
 	WeightDecay float64 `toml:"weight_decay" json:"weight_decay"`
 	// CostWeight weighs the cost edge's loss against the performance edge's.
 	CostWeight float64 `toml:"cost_weight" json:"cost_weight"`

@@ -55,7 +55,9 @@ type Train struct {
 	Algorithm string `toml:"algorithm"`
 	// Seed fixes the data order and every sampling draw of the run.
 	Seed int64 `toml:"seed"`
-	// Steps is the number of GRPO steps.
+	// Steps is the number of GRPO steps. A resumed run may change it
+	// (continue a shorter run) only while LRSchedule is "constant": a
+	// decaying schedule spans the steps.
 	Steps int `toml:"steps"`
 	// BatchSize is the questions per step (each gets GroupSize responses).
 	BatchSize int `toml:"batch_size"`
@@ -70,17 +72,21 @@ type Train struct {
 	// MicroBatch is the responses per forward/backward call; gradients
 	// accumulate over the micro-batches of a mini-batch.
 	MicroBatch int `toml:"micro_batch"`
-	// Temperature and TopP are the rollout sampling settings.
+	// Temperature is the rollouts' sampling temperature (0 = greedy).
 	Temperature float64 `toml:"temperature"`
-	TopP        float64 `toml:"top_p"`
-	// LR is the AdamW learning rate (the peak of LRSchedule); WeightDecay
-	// its decoupled weight decay; Beta1, Beta2 and AdamEps its moment
-	// settings.
-	LR          float64 `toml:"lr"`
+	// TopP is the rollouts' nucleus-sampling mass, in (0, 1] (1 = off).
+	TopP float64 `toml:"top_p"`
+	// LR is the AdamW learning rate (the peak of LRSchedule).
+	LR float64 `toml:"lr"`
+	// WeightDecay is AdamW's decoupled weight decay λ: each update first
+	// multiplies the weights by 1 − lr·λ.
 	WeightDecay float64 `toml:"weight_decay"`
-	Beta1       float64 `toml:"beta1"`
-	Beta2       float64 `toml:"beta2"`
-	AdamEps     float64 `toml:"adam_eps"`
+	// Beta1 is AdamW's first-moment decay β₁, in [0, 1).
+	Beta1 float64 `toml:"beta1"`
+	// Beta2 is AdamW's second-moment decay β₂, in [0, 1).
+	Beta2 float64 `toml:"beta2"`
+	// AdamEps is AdamW's ε, added to the square root of the second moment.
+	AdamEps float64 `toml:"adam_eps"`
 	// LRSchedule is how the learning rate of a GRPO step follows from LR
 	// after the warm-up: "constant" (LR), "linear" (decays linearly towards
 	// MinLRRatio·LR) or "cosine" (a half cosine towards MinLRRatio·LR); see

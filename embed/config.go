@@ -69,11 +69,13 @@ type OpenAIConfig struct {
 	// timeouts, connection errors and malformed replies. 0 takes the
 	// default 5; -1 disables retries.
 	MaxRetries int `toml:"max_retries"`
-	// RetryBase and RetryMax bound the exponential backoff between
-	// attempts (duration strings); a Retry-After header, when sent, is
-	// waited instead, capped at RetryMax. Defaults 500ms and 30s.
+	// RetryBase is the first wait of the exponential backoff between
+	// attempts (duration string). Default 500ms.
 	RetryBase time.Duration `toml:"retry_base"`
-	RetryMax  time.Duration `toml:"retry_max"`
+	// RetryMax caps any wait between attempts (duration string); a
+	// Retry-After header, when sent, is waited instead, capped at RetryMax.
+	// Default 30s.
+	RetryMax time.Duration `toml:"retry_max"`
 	// Timeout bounds one HTTP attempt (duration string). Default 60s.
 	Timeout time.Duration `toml:"timeout"`
 }

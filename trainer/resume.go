@@ -198,6 +198,12 @@ func rawOrNull(v string, ok bool) json.RawMessage {
 	return json.RawMessage(v)
 }
 
+// OperationalKey reports whether a resumed run may change the key with this
+// pattern (dotted, "[*]" for any pool model, as in OperationalKeys) without
+// --allow-config-change. train.steps is one, except while a decaying
+// train.lr_schedule spans it (see configChanges).
+func OperationalKey(pattern string) bool { return operational(pattern) }
+
 func operational(pattern string) bool {
 	for _, k := range OperationalKeys {
 		if table, ok := strings.CutSuffix(k, ".*"); ok {

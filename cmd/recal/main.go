@@ -78,8 +78,10 @@ func requireFlags(cmd *cli.Command, names ...string) error {
 	return nil
 }
 
-func run(ctx context.Context, args []string) int {
-	app := &cli.Command{
+// newApp builds recal's command tree: every command, its flags and help.
+// docs/cli.md is generated from it.
+func newApp() *cli.Command {
+	return &cli.Command{
 		Name:  "recal",
 		Usage: "train and evaluate reinforcement-learning LLM routers with calibrated rewards (ReCal)",
 		Description: "recal trains a small policy LLM to route each question over a pool of models\n" +
@@ -103,6 +105,10 @@ func run(ctx context.Context, args []string) int {
 		},
 		ExitErrHandler: func(context.Context, *cli.Command, error) {},
 	}
+}
+
+func run(ctx context.Context, args []string) int {
+	app := newApp()
 	argv = args // the ranks of --nproc run the same command line
 	err := app.Run(ctx, args)
 	if err == nil {

@@ -623,7 +623,13 @@ func TestServeMetricsAddr(t *testing.T) {
 	t.Setenv("RECAL_TEST_SERVE_CLIENT_KEY", "client-key-42")
 	p := startServe(t, append([]string{"--checkpoint", ck, "--set", "serve.api_key_env=RECAL_TEST_SERVE_CLIENT_KEY",
 		"--set", "serve.metrics_addr=127.0.0.1:0"}, serveSets...)...)
-	m := regexp.MustCompile(`metrics=(http://127\.0\.0\.1:[0-9]+/metrics)`).FindStringSubmatch(p.stderr.String())
+	// The log line is written before the URL on stdout, but stderr reaches
+	// p.stderr through a goroutine of its own: it may arrive after the URL.
+	re := regexp.MustCompile(`metrics=(http://127\.0\.0\.1:[0-9]+/metrics)`)
+	m := re.FindStringSubmatch(p.stderr.String())
+	for deadline := time.Now().Add(10 * time.Second); m == nil && time.Now().Before(deadline); m = re.FindStringSubmatch(p.stderr.String()) {
+		time.Sleep(10 * time.Millisecond)
+	}
 	if m == nil {
 		t.Fatalf("the serving log line names no metrics URL: %s", p.stderr.String())
 	}
