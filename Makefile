@@ -69,7 +69,7 @@ INIT := runs/init/tiny/model.safetensors
 GOENV = CGO_CFLAGS="-O2 -DRECAL_LIB=$$(sha1sum $(LIB) | cut -c1-16)" CGO_LDFLAGS="$(TORCH_LDFLAGS)"
 
 # Pure-Go packages: they build and test without cgo or libtorch.
-PURE_PKGS := $(foreach d,internal/hfmodel internal/docgen config generate tokenizer data llmpool router calibration plot dist serve embed baselines ablate,$(if $(wildcard $(d)),./$(d)/...))
+PURE_PKGS := $(foreach d,internal/hfmodel internal/docgen internal/httpretry internal/diskcache config generate tokenizer data llmpool router calibration plot dist serve embed baselines ablate,$(if $(wildcard $(d)),./$(d)/...))
 
 .PHONY: all build lib deps test test-kernels test-pure bench train clean fixtures e2e-serve docs
 

@@ -1,85 +1,50 @@
 package llmpool
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net/http"
 	"strings"
 	"time"
-	"unicode"
 	"unicode/utf8"
 
 	"golang.org/x/sync/semaphore"
 	"golang.org/x/time/rate"
+
+	"github.com/recal-project/recal/internal/httpretry"
 )
 
 // maxReplyBytes caps the body read from a provider (8 MiB); a longer body is
 // a malformed reply.
 const maxReplyBytes = 8 << 20
 
-// maxErrorChars caps the provider message kept in an HTTPError.
-const maxErrorChars = 300
-
 // HTTPError is a provider reply that carries an error: a non-2xx status, or
 // a 2xx whose body is an error object ({"error": {...}}), as OpenRouter sends
 // for upstream failures. A redirect (3xx) is one too: it is never followed
-// and never retried.
-type HTTPError struct {
-	// StatusCode is the HTTP status of the reply (200 for an error body).
-	StatusCode int
-	// Code is the "code" of the error object, if any ("429", "rate_limit").
-	Code string
-	// Location is the Location header of a redirect, not followed (at most
-	// 300 characters, API key redacted); "" for other replies.
-	Location string
-	// Message is the start of the provider's message (at most 300
-	// characters) with the API key, should the provider echo it, redacted.
-	Message string
-}
-
-func (e *HTTPError) Error() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "http %d", e.StatusCode)
-	if e.Code != "" {
-		fmt.Fprintf(&b, " (code %s)", e.Code)
-	}
-	if e.StatusCode >= 300 && e.StatusCode <= 399 {
-		loc := e.Location
-		if loc == "" {
-			loc = "(no Location)"
-		}
-		fmt.Fprintf(&b, ": redirect to %s not followed (fix openai.base_url)", loc)
-	}
-	if e.Message != "" {
-		fmt.Fprintf(&b, ": %s", e.Message)
-	}
-	return b.String()
-}
+// and never retried. Its fields are StatusCode, Code, Location and Message.
+type HTTPError = httpretry.HTTPError
 
 // openAI is the provider of an OpenAI-compatible /chat/completions endpoint.
-// It holds one http.Client (its Transport keeps max_concurrency idle
-// connections to the host; it follows no redirect), a semaphore of
-// max_concurrency requests in flight and an optional requests-per-minute
-// limiter; retries and their waits follow retry.go. A request takes, in
-// order, the model's slot, a rate-limit token and the pool's wire slot, and
-// holds the wire slot only for the round trip, so that a model waiting for
-// its own slot, its rate limit or a retry holds up no other model.
+// It holds one httpretry.Client (one reused http.Client that keeps
+// max_concurrency idle connections to the host and follows no redirect), a
+// semaphore of max_concurrency requests in flight and an optional
+// requests-per-minute limiter; retries and their waits follow
+// httpretry.Do. A request takes, in order, the model's slot, a rate-limit
+// token and the pool's wire slot, and holds the wire slot only for the
+// round trip, so that a model waiting for its own slot, its rate limit or a
+// retry holds up no other model.
 type openAI struct {
-	name      string // pool model name, for logs and errors
-	cfg       OpenAIConfig
-	endpoint  string
-	apiKey    string // never logged, never in errors or cache keys
-	client    *http.Client
-	transport *http.Transport
-	sem       *semaphore.Weighted // this model's max_concurrency
-	limiter   *rate.Limiter       // nil when unlimited
-	wire      *semaphore.Weighted // the pool's max_concurrency
-	log       *slog.Logger
+	name     string // pool model name, for logs and errors
+	cfg      OpenAIConfig
+	endpoint string
+	client   *httpretry.Client   // holds the API key: never logged, never in errors or cache keys
+	retry    httpretry.Policy    // max_retries, retry_base, retry_max
+	sem      *semaphore.Weighted // this model's max_concurrency
+	limiter  *rate.Limiter       // nil when unlimited
+	wire     *semaphore.Weighted // the pool's max_concurrency
+	log      *slog.Logger
 }
 
 func newOpenAI(m ModelConfig, env providerEnv) (provider, error) {
@@ -88,39 +53,26 @@ func newOpenAI(m ModelConfig, env providerEnv) (provider, error) {
 		name:     m.Name,
 		cfg:      cfg,
 		endpoint: strings.TrimRight(cfg.BaseURL, "/") + "/chat/completions",
+		retry:    httpretry.Policy{Retries: cfg.retries(), Base: cfg.RetryBase, Max: cfg.RetryMax},
 		sem:      semaphore.NewWeighted(int64(cfg.MaxConcurrency)),
 		wire:     env.wire,
 		log:      env.log,
 	}
+	apiKey := ""
 	if cfg.APIKeyEnv != "" {
 		key, ok := env.getenv(cfg.APIKeyEnv)
 		if !ok || strings.TrimSpace(key) == "" {
 			return nil, fmt.Errorf("environment variable %s (api_key_env) is not set", cfg.APIKeyEnv)
 		}
-		p.apiKey = strings.TrimSpace(key)
+		apiKey = strings.TrimSpace(key)
 	}
 	if cfg.RequestsPerMinute > 0 {
 		// Burst 1: requests are paced evenly, which also respects providers
 		// that enforce their per-minute cap over shorter windows.
 		p.limiter = rate.NewLimiter(rate.Limit(cfg.RequestsPerMinute/60), 1)
 	}
-	tr, ok := http.DefaultTransport.(*http.Transport)
-	if ok {
-		tr = tr.Clone()
-	} else {
-		tr = &http.Transport{Proxy: http.ProxyFromEnvironment, ForceAttemptHTTP2: true, IdleConnTimeout: 90 * time.Second}
-	}
-	tr.MaxIdleConnsPerHost = max(cfg.MaxConcurrency, 2)
-	tr.MaxIdleConns = max(tr.MaxIdleConns, 2*cfg.MaxConcurrency)
-	p.transport = tr
-	// No Client.Timeout: each attempt gets its own context timeout. No
-	// redirects: following one would re-send the API key to wherever the
-	// server points (in clear text after an https→http redirect) and turn
-	// the POST into a GET on 301/302/303; the 3xx reply becomes an
-	// HTTPError naming its Location instead.
-	p.client = &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error {
-		return http.ErrUseLastResponse
-	}}
+	p.client = httpretry.NewClient(httpretry.Options{URL: p.endpoint, APIKey: apiKey, Timeout: cfg.Timeout,
+		MaxConcurrency: cfg.MaxConcurrency, MaxReplyBytes: maxReplyBytes, Table: "openai"})
 	return p, nil
 }
 
@@ -155,13 +107,6 @@ type chatResponse struct {
 		CompletionTokens int `json:"completion_tokens"`
 	} `json:"usage"`
 	Error json.RawMessage `json:"error"`
-}
-
-// errorBody is an OpenAI-style error object.
-type errorBody struct {
-	Message string          `json:"message"`
-	Code    json.RawMessage `json:"code"`
-	Type    string          `json:"type"`
 }
 
 // userContent is the only user message: the query, wrapped in
@@ -219,19 +164,12 @@ func (p *openAI) cacheKey(call providerCall) any {
 	return openAIKey{Endpoint: p.endpoint, Request: b}
 }
 
-func (p *openAI) close() { p.transport.CloseIdleConnections() }
+func (p *openAI) close() { p.client.CloseIdleConnections() }
 
-// attemptResult is the outcome of one HTTP attempt.
-type attemptResult struct {
-	err        error
-	retry      bool          // worth another attempt
-	serverWait time.Duration // Retry-After, when hasWait
-	hasWait    bool
-}
-
-// complete sends the query, retrying as retry.go decides, and returns at
-// once when ctx is done. An empty query is refused without a request. On
-// error the completion carries only Attempts, the requests sent.
+// complete sends the query, retrying as p.retry says (httpretry.Do), and
+// returns at once when ctx is done. An empty query is refused without a
+// request. On error the completion carries only Attempts, the requests
+// sent.
 func (p *openAI) complete(ctx context.Context, call providerCall) (completion, error) {
 	if call.Query == "" {
 		return completion{}, ErrEmptyQuery
@@ -240,36 +178,15 @@ func (p *openAI) complete(ctx context.Context, call providerCall) (completion, e
 	if err != nil {
 		return completion{}, fmt.Errorf("llmpool: model %q: encode request: %w", p.name, err)
 	}
-	retries := p.cfg.retries()
-	var last attemptResult
-	attempt := 1
-	for ; ; attempt++ {
-		if attempt > 1 {
-			wait := retryWait(p.cfg.RetryBase, p.cfg.RetryMax, attempt-1, last.serverWait, last.hasWait)
+	c, attempts, err := httpretry.Do(ctx, p.retry, fmt.Sprintf("llmpool: model %q", p.name),
+		func() (completion, httpretry.Result) { return p.attempt(ctx, body, call.Query) },
+		func(next int, wait time.Duration, err error) {
 			p.log.LogAttrs(ctx, slog.LevelWarn, "llmpool: retrying",
-				slog.String("model", p.name), slog.Int("attempt", attempt),
-				slog.Duration("wait", wait), slog.String("err", last.err.Error()))
-			if err := sleepCtx(ctx, wait); err != nil {
-				return completion{Attempts: attempt - 1}, err
-			}
-		}
-		c, res := p.attempt(ctx, body, call.Query)
-		if res.err == nil {
-			c.Attempts = attempt
-			return c, nil
-		}
-		if err := ctx.Err(); err != nil {
-			return completion{Attempts: attempt}, err
-		}
-		last = res
-		if !res.retry {
-			return completion{Attempts: attempt}, fmt.Errorf("llmpool: model %q: attempt %d: %w", p.name, attempt, res.err)
-		}
-		if attempt > retries {
-			break
-		}
-	}
-	return completion{Attempts: attempt}, fmt.Errorf("llmpool: model %q: gave up after %d attempts: %w", p.name, attempt, last.err)
+				slog.String("model", p.name), slog.Int("attempt", next),
+				slog.Duration("wait", wait), slog.String("err", err.Error()))
+		})
+	c.Attempts = attempts
+	return c, err
 }
 
 // attempt sends one request under the model's semaphore, its rate limiter,
@@ -277,9 +194,9 @@ func (p *openAI) complete(ctx context.Context, call providerCall) (completion, e
 // order: the wire slot is held only while the request is out, so waiting
 // for this model's slot or rate limit (and, in complete, for a retry) holds
 // up no other model.
-func (p *openAI) attempt(ctx context.Context, body []byte, query string) (completion, attemptResult) {
+func (p *openAI) attempt(ctx context.Context, body []byte, query string) (completion, httpretry.Result) {
 	if err := p.sem.Acquire(ctx, 1); err != nil {
-		return completion{}, attemptResult{err: err}
+		return completion{}, httpretry.Result{Err: err}
 	}
 	defer p.sem.Release(1)
 	if p.limiter != nil {
@@ -287,73 +204,34 @@ func (p *openAI) attempt(ctx context.Context, body []byte, query string) (comple
 		// its token and the pacing holds on the wire.
 		if err := p.limiter.Wait(ctx); err != nil {
 			// Either ctx is done or its deadline comes before our turn.
-			return completion{}, attemptResult{err: fmt.Errorf("rate limit wait: %w", err)}
+			return completion{}, httpretry.Result{Err: fmt.Errorf("rate limit wait: %w", err)}
 		}
 	}
 	if err := p.wire.Acquire(ctx, 1); err != nil {
-		return completion{}, attemptResult{err: err}
+		return completion{}, httpretry.Result{Err: err}
 	}
 	defer p.wire.Release(1)
-
-	actx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(actx, http.MethodPost, p.endpoint, bytes.NewReader(body))
-	if err != nil {
-		return completion{}, attemptResult{err: err}
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json")
-	if p.apiKey != "" {
-		req.Header.Set("Authorization", "Bearer "+p.apiKey)
-	}
 	p.log.LogAttrs(ctx, slog.LevelDebug, "llmpool: request", slog.String("model", p.name), slog.String("endpoint", p.endpoint))
-	resp, err := p.client.Do(req)
-	if err != nil {
-		// Connection errors and per-attempt timeouts. *url.Error names the
-		// URL, never the headers.
-		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
-			err = fmt.Errorf("timed out after %v (openai.timeout): %w", p.cfg.Timeout, err)
-		}
-		return completion{}, attemptResult{err: p.redact(err), retry: true}
+	r, res := p.client.Post(ctx, body)
+	if res.Err != nil {
+		return completion{}, res
 	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxReplyBytes+1))
-	wait, hasWait := retryAfter(resp.Header, time.Now())
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		herr := p.httpError(resp.StatusCode, raw)
-		if resp.StatusCode >= 300 && resp.StatusCode <= 399 {
-			herr.Location = cutRunes(p.redactString(sanitizeHeader(resp.Header.Get("Location"))), maxErrorChars)
-		}
-		return completion{}, attemptResult{err: herr, retry: retryableStatus(resp.StatusCode), serverWait: wait, hasWait: hasWait}
-	}
-	if err != nil {
-		// Truncated body: the connection broke or the attempt timed out mid-read.
-		return completion{}, attemptResult{err: p.redact(fmt.Errorf("read reply: %w", err)), retry: true}
-	}
-	if len(raw) > maxReplyBytes {
-		return completion{}, attemptResult{err: fmt.Errorf("reply larger than %d bytes", maxReplyBytes), retry: true}
-	}
-	return p.parse(resp.StatusCode, raw, query, wait, hasWait)
+	return p.parse(r, query)
 }
 
-// parse reads a 2xx body. Malformed or truncated JSON and a reply with no
+// parse reads a 2xx reply. Malformed or truncated JSON and a reply with no
 // choices are retried (they are usually transient); an error object is
-// retried unless its code is a 4xx other than 408 and 429.
-func (p *openAI) parse(status int, raw []byte, query string, wait time.Duration, hasWait bool) (completion, attemptResult) {
+// classified by httpretry's Refusal.
+func (p *openAI) parse(r httpretry.Reply, query string) (completion, httpretry.Result) {
 	var cr chatResponse
-	if err := json.Unmarshal(raw, &cr); err != nil {
-		return completion{}, attemptResult{err: fmt.Errorf("malformed reply (%d bytes): %w", len(raw), err), retry: true}
+	if err := json.Unmarshal(r.Body, &cr); err != nil {
+		return completion{}, httpretry.Result{Err: fmt.Errorf("malformed reply (%d bytes): %w", len(r.Body), err), Retry: true}
 	}
-	if len(cr.Error) > 0 && string(cr.Error) != "null" {
-		herr := p.httpError(status, raw)
-		retry := true
-		if n, ok := parseCode(herr.Code); ok && n >= 400 && n < 500 && !retryableStatus(n) {
-			retry = false
-		}
-		return completion{}, attemptResult{err: herr, retry: retry, serverWait: wait, hasWait: hasWait}
+	if httpretry.HasError(cr.Error) {
+		return completion{}, p.client.Refusal(r)
 	}
 	if len(cr.Choices) == 0 {
-		return completion{}, attemptResult{err: errors.New("reply has no choices"), retry: true}
+		return completion{}, httpretry.Result{Err: errors.New("reply has no choices"), Retry: true}
 	}
 	c := completion{}
 	if s := cr.Choices[0].Message.Content; s != nil {
@@ -367,78 +245,7 @@ func (p *openAI) parse(status int, raw []byte, query string, wait time.Duration,
 		c.OutputTokens = estimateTokens(c.Text)
 		c.Estimated = true
 	}
-	return c, attemptResult{}
-}
-
-// httpError builds an HTTPError from an error reply, reading an
-// OpenAI-style {"error": {...}} or {"error": "..."} object when there is
-// one, else the start of the body.
-func (p *openAI) httpError(status int, raw []byte) *HTTPError {
-	e := &HTTPError{StatusCode: status}
-	var wrapper struct {
-		Error json.RawMessage `json:"error"`
-	}
-	msg := ""
-	if json.Unmarshal(raw, &wrapper) == nil && len(wrapper.Error) > 0 {
-		var eb errorBody
-		var s string
-		switch {
-		case json.Unmarshal(wrapper.Error, &eb) == nil:
-			msg = eb.Message
-			if msg == "" {
-				msg = eb.Type
-			}
-			e.Code = strings.Trim(string(eb.Code), `"`)
-			if e.Code == "null" {
-				e.Code = ""
-			}
-		case json.Unmarshal(wrapper.Error, &s) == nil:
-			msg = s
-		}
-	}
-	if msg == "" {
-		msg = string(raw)
-	}
-	// Redact before cutting, so that no prefix of the key survives a cut.
-	e.Message = cutRunes(p.redactString(strings.Join(strings.Fields(strings.ToValidUTF8(msg, "")), " ")), maxErrorChars)
-	e.Code = cutRunes(p.redactString(e.Code), 40)
-	return e
-}
-
-// sanitizeHeader makes a header value from a server safe to put in an
-// error: valid UTF-8 without control characters.
-func sanitizeHeader(s string) string {
-	return strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) {
-			return -1
-		}
-		return r
-	}, strings.ToValidUTF8(s, ""))
-}
-
-// parseCode reads an error code such as 429 or "429".
-func parseCode(code string) (int, bool) {
-	var n int
-	if _, err := fmt.Sscanf(code, "%d", &n); err != nil || fmt.Sprint(n) != code {
-		return 0, false
-	}
-	return n, true
-}
-
-// redact removes the API key from an error, in case a provider or a proxy
-// echoes it.
-func (p *openAI) redact(err error) error {
-	if p.apiKey == "" || !strings.Contains(err.Error(), p.apiKey) {
-		return err
-	}
-	return errors.New(p.redactString(err.Error()))
-}
-
-func (p *openAI) redactString(s string) string {
-	if p.apiKey == "" {
-		return s
-	}
-	return strings.ReplaceAll(s, p.apiKey, "[redacted]")
+	return c, httpretry.Result{}
 }
 
 // chatOverheadTokens is added to estimated input tokens for the chat

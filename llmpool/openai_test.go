@@ -396,58 +396,6 @@ func TestOpenAIRequestsPerMinute(t *testing.T) {
 	}
 }
 
-func TestRetryAfterParsing(t *testing.T) {
-	t.Parallel()
-	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	tests := []struct {
-		name   string
-		header map[string]string
-		want   time.Duration
-		wantOK bool
-	}{
-		{name: "none", header: nil},
-		{name: "seconds", header: map[string]string{"Retry-After": "2"}, want: 2 * time.Second, wantOK: true},
-		{name: "fractional seconds", header: map[string]string{"Retry-After": "0.25"}, want: 250 * time.Millisecond, wantOK: true},
-		{name: "http date", header: map[string]string{"Retry-After": now.Add(7 * time.Second).Format(http.TimeFormat)}, want: 7 * time.Second, wantOK: true},
-		{name: "past date", header: map[string]string{"Retry-After": now.Add(-time.Hour).Format(http.TimeFormat)}, want: 0, wantOK: true},
-		{name: "negative", header: map[string]string{"Retry-After": "-3"}},
-		{name: "garbage", header: map[string]string{"Retry-After": "soon"}},
-		{name: "milliseconds win", header: map[string]string{"Retry-After-Ms": "120", "Retry-After": "5"}, want: 120 * time.Millisecond, wantOK: true},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			h := http.Header{}
-			for k, v := range tc.header {
-				h.Set(k, v)
-			}
-			got, ok := retryAfter(h, now)
-			if got != tc.want || ok != tc.wantOK {
-				t.Errorf("retryAfter(%v) = %v, %v; want %v, %v", tc.header, got, ok, tc.want, tc.wantOK)
-			}
-		})
-	}
-}
-
-func TestBackoffWaitBounds(t *testing.T) {
-	t.Parallel()
-	base, maxWait := 100*time.Millisecond, time.Second
-	for n := 1; n <= 8; n++ {
-		step := min(base<<(n-1), maxWait)
-		for range 200 {
-			w := backoffWait(base, maxWait, n)
-			if w < step/2 || w > step {
-				t.Fatalf("backoffWait(retry %d) = %v, want within [%v, %v] (equal jitter, capped)", n, w, step/2, step)
-			}
-		}
-	}
-	if w := retryWait(base, maxWait, 1, 10*time.Second, true); w != maxWait {
-		t.Errorf("retryWait with Retry-After 10s = %v, want the cap %v", w, maxWait)
-	}
-	if w := retryWait(base, maxWait, 1, 300*time.Millisecond, true); w != 300*time.Millisecond {
-		t.Errorf("retryWait with Retry-After 300ms = %v, want exactly 300ms", w)
-	}
-}
-
 // TestOpenAIRedirectIsNotFollowed: a redirect would re-send the API key to
 // wherever the server points (in clear text after https→http) and turn the
 // POST into a GET, so the client follows none. The 3xx is a permanent

@@ -12,6 +12,8 @@ import (
 	"unicode"
 
 	"golang.org/x/sync/semaphore"
+
+	"github.com/recal-project/recal/internal/httpretry"
 )
 
 // errSimFailure is the error of a simulated provider failure (sim.failure_rate).
@@ -90,7 +92,7 @@ func (s *sim) complete(ctx context.Context, call providerCall) (completion, erro
 	if err := s.wire.Acquire(ctx, 1); err != nil {
 		return completion{}, err
 	}
-	err := sleepCtx(ctx, s.cfg.Latency)
+	err := httpretry.Sleep(ctx, s.cfg.Latency)
 	s.wire.Release(1)
 	if err != nil {
 		return completion{}, err
