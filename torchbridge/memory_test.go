@@ -118,3 +118,89 @@ func TestCheckpointingGradients(t *testing.T) {
 		}
 	}
 }
+
+// The output head runs over chunks of train.head_chunk tokens, so that no
+// [tokens × vocabulary] logits (or their gradient) exist for a whole
+// micro-batch. Every chunk size, one token to more than the batch holds
+// (one chunk: today's unchunked head), gives the same log-probs, entropies
+// and gradients within float32 rounding (the head's weight gradient sums
+// the chunks in another grouping), and 0 takes the default.
+func TestHeadChunks(t *testing.T) {
+	cfg := tinyConfig(97, true)
+	p, err := torchbridge.NewPolicy(cfg, onDevice(torchbridge.Options{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if err := p.InitRandom(8, 0.3); err != nil {
+		t.Fatal(err)
+	}
+	seqs := lossBatch(t, p, 97)
+	tokens := 0
+	for _, s := range seqs {
+		tokens += len(s.Tokens)
+	}
+	ref := gradsAfter(t, p, seqs, torchbridge.LossOptions{ClipEps: 0.2, KLCoef: 0.3, EntropyCoef: 0.05, Scale: 1.0 / 30, HeadChunk: tokens + 100}, false)
+	refNLL := gradsAfter(t, p, seqs, torchbridge.LossOptions{Scale: 1.0 / 30, HeadChunk: tokens + 100}, true)
+	for _, chunk := range []int{1, 3, 7, tokens - 1, tokens, 0} {
+		t.Run(fmt.Sprintf("chunk=%d", chunk), func(t *testing.T) {
+			got := gradsAfter(t, p, seqs, torchbridge.LossOptions{ClipEps: 0.2, KLCoef: 0.3, EntropyCoef: 0.05, Scale: 1.0 / 30, HeadChunk: chunk}, false)
+			if d, scale := maxDiff(ref, got); scale == 0 || d > 1e-5*scale {
+				t.Errorf("policy-gradient loss, head chunk %d: gradients differ from one chunk's by up to %g (largest %g); want float32 rounding", chunk, d, scale)
+			}
+			got = gradsAfter(t, p, seqs, torchbridge.LossOptions{Scale: 1.0 / 30, HeadChunk: chunk}, true)
+			if d, scale := maxDiff(refNLL, got); scale == 0 || d > 1e-5*scale {
+				t.Errorf("supervised loss, head chunk %d: gradients differ from one chunk's by up to %g (largest %g); want float32 rounding", chunk, d, scale)
+			}
+		})
+	}
+}
+
+// Sharding over one rank is no sharding; a rank or world outside range is
+// refused, naming both.
+func TestShardOptimizerSettings(t *testing.T) {
+	ctx := context.Background()
+	p, err := torchbridge.NewPolicy(tinyConfig(97, true), torchbridge.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for _, c := range [][2]int{{0, 0}, {-1, 2}, {2, 2}} {
+		if err := p.ShardOptimizer(c[0], c[1]); err == nil {
+			t.Errorf("ShardOptimizer(%d, %d) succeeded; want an error naming the rank and world", c[0], c[1])
+		}
+	}
+	q, err := torchbridge.NewPolicy(tinyConfig(97, true), torchbridge.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	for _, x := range []*torchbridge.Policy{p, q} {
+		if err := x.InitRandom(3, 0.2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := q.ShardOptimizer(0, 1); err != nil {
+		t.Fatal(err)
+	}
+	seqs := lossBatch(t, p, 97)
+	for step := 0; step < 2; step++ {
+		for _, x := range []*torchbridge.Policy{p, q} {
+			if _, err := x.Backward(ctx, seqs, torchbridge.LossOptions{ClipEps: 0.2, Scale: 0.05}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := x.Step(ctx, zeroAdam); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if !bytesEqual(weights(t, p), weights(t, q)) {
+		t.Error("a policy sharded over one rank trained other weights than an unsharded one")
+	}
+	dir := t.TempDir()
+	if err := q.SaveOptimizer(dir + "/opt.safetensors"); err != nil {
+		t.Errorf("saving the optimizer of a policy sharded over one rank: %v; want it whole, as unsharded", err)
+	}
+}
+
+func bytesEqual(a, b []byte) bool { return string(a) == string(b) }
