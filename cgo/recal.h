@@ -71,6 +71,23 @@ void rc_policy_free(rc_policy* p);
 /* Number of parameter tensors. */
 int rc_policy_num_params(rc_policy* p, int64_t* out, char** err);
 
+/* Makes the policy hold only rank's share (of world ranks) of its AdamW
+ * moments and float32 master weights (ZeRO-1): the parameters, laid end to
+ * end (each padded to a multiple of 64 elements), are cut into world nearly
+ * equal ranges; rc_policy_step then updates this rank's range only, and
+ * rc_dist_gather_params gives every rank the others'. State already present
+ * whole is cut to the share; world 1 undoes nothing (reshard through a
+ * checkpoint). Optimizer tensors are then written by name whole (the rank
+ * keeps its share) and read whole only after rc_dist_gather_state. */
+int rc_policy_shard_optimizer(rc_policy* p, int64_t rank, int64_t world, char** err);
+
+/* Turns activation checkpointing per decoder layer on (1) or off (0) for the
+ * backward passes that follow: a layer's activations are recomputed in the
+ * backward instead of kept from the forward, so the trunk holds one layer's
+ * activations at a time (plus each layer's input) for about one more
+ * forward pass of compute. The gradients are the plain backward's. */
+int rc_policy_set_checkpointing(rc_policy* p, int32_t on, char** err);
+
 /* *out = 1 when the policy decodes by the row-invariant kernels
  * (recal_rows.cc: float32 on the CPU), so that a row's logits, sample and
  * log-prob do not depend on the other rows of an extend call, the BLAS or
@@ -279,15 +296,27 @@ int rc_dist_new(const rc_dist_opts* opts, rc_dist** out, char** err);
 /* Leaves the group and frees it, waiting for queued work. NULL is a no-op. */
 void rc_dist_free(rc_dist* d);
 
-/* Sums the accumulated gradients of p over the ranks: they are copied into
- * float32 buckets of opts.bucket_bytes, each all-reduced while the next is
- * filled, and afterwards p's gradients are views of the buckets (no copy
- * back; PyTorch DDP's gradient_as_bucket_view). Every rank passes a policy
- * of the same parameter shapes. A missing gradient counts as zeros and is
- * defined afterwards on every rank. The group keeps the buckets (one
- * float32 copy of the gradient) for the next call, unless another policy's
- * gradients still view them. */
+/* Sums the accumulated gradients of p over the ranks. From the first call
+ * on, p keeps its float32 gradient sums in buckets of about
+ * opts.bucket_bytes (PyTorch DDP's gradient_as_bucket_view): the sums are
+ * views of the buckets, and a float32 policy's backward passes add their
+ * gradients into them directly, so each bucket is all-reduced where it is,
+ * with no copy. Every rank passes a policy of the same parameter shapes. A
+ * missing gradient counts as zeros; every gradient is defined afterwards on
+ * every rank. */
 int rc_dist_allreduce_grads(rc_dist* d, rc_policy* p, char** err);
+
+/* After rc_policy_step on a policy sharded as this rank of this group
+ * (rc_policy_shard_optimizer), gives every rank the parameter elements the
+ * other ranks updated (an all-gather of the shares, in the parameters'
+ * dtype). A no-op for an unsharded policy of a group of one. */
+int rc_dist_gather_params(rc_dist* d, rc_policy* p, char** err);
+
+/* Gathers a sharded policy's whole optimizer state on rank root (CPU
+ * float32), where the optimizer tensors can then be read by name whole
+ * (rc_policy_get_param, to write a checkpoint); every rank calls it. root
+ * −1 drops what an earlier call gathered. A no-op for an unsharded policy. */
+int rc_dist_gather_state(rc_dist* d, rc_policy* p, int32_t root, char** err);
 
 /* All-gathers byte buffers of any length: this rank gives len bytes of data;
  * lens (world_size entries) receives each rank's length and *out their

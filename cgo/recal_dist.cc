@@ -47,13 +47,6 @@ struct rc_dist {
   c10::intrusive_ptr<c10d::ProcessGroupNCCL> nccl;  // CUDA gradients
 #endif
   std::string broken;  // the first failure; non-empty makes every later call fail
-
-  // Gradient buckets, float32 on the gradients' device, reused between calls
-  // while the policy's layout is the same.
-  std::vector<torch::Tensor> buckets;
-  std::vector<std::pair<size_t, size_t>> spans;  // parameter range [first, last) of each bucket
-  std::vector<int64_t> bucketed_numels;           // the parameter sizes they were made for
-  torch::Device bucketed_device{torch::kCPU};
 };
 
 namespace {
@@ -105,31 +98,6 @@ void broadcast(rc_dist* d, torch::Tensor& t, int root) {
   o.rootRank = root;
   o.timeout = d->timeout;
   wait(d, d->gloo->broadcast(ts, o));
-}
-
-// Splits the policy's parameters into buckets of about bucket_bytes of
-// float32 (at least one parameter each) on the parameters' device.
-void make_buckets(rc_dist* d, const rc_policy* p) {
-  std::vector<int64_t> numels;
-  for (auto& t : p->params) numels.push_back(t.numel());
-  if (!d->buckets.empty() && d->bucketed_numels == numels && d->bucketed_device == p->device) return;
-  d->buckets.clear();
-  d->spans.clear();
-  int64_t cap = std::max<int64_t>(1, d->bucket_bytes / 4);
-  auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(p->device);
-  size_t first = 0;
-  int64_t n = 0;
-  for (size_t i = 0; i < p->params.size(); i++) {
-    n += p->params[i].numel();
-    if (n >= cap || i + 1 == p->params.size()) {
-      d->buckets.push_back(torch::empty({n}, opts));
-      d->spans.emplace_back(first, i + 1);
-      first = i + 1;
-      n = 0;
-    }
-  }
-  d->bucketed_numels = numels;
-  d->bucketed_device = p->device;
 }
 
 c10::intrusive_ptr<c10d::Work> allreduce(rc_dist* d, torch::Tensor& t) {
@@ -253,47 +221,138 @@ int rc_dist_allreduce_grads(rc_dist* d, rc_policy* p, char** err) {
     if (!p->trainable) fail("allreduce_grads: the policy is frozen");
     torch::NoGradGuard ng;
     p->flush_grads();  // the float32 sums hold every gradient from here on
-    make_buckets(d, p);
+    // The sums live in the policy's buckets from the first call on (the
+    // gradients as bucket views): each bucket is all-reduced where it is.
+    p->bucket_grads(d->bucket_bytes);
     collective(d, "allreduce_grads", [&] {
-      // Fill bucket k and start its all-reduce while bucket k+1 fills.
       std::vector<c10::intrusive_ptr<c10d::Work>> works;
-      for (size_t b = 0; b < d->buckets.size(); b++) {
-        auto& buf = d->buckets[b];
-        // After a call the gradients are views of the buckets (no copy
-        // back). A bucket that something else still views (another
-        // policy's gradients) is left to it, and this call takes a new one.
-        size_t views = 0;
-        for (size_t i = d->spans[b].first; i < d->spans[b].second; i++) {
-          auto g = p->grad(i);
-          if (g.defined() && g.storage().is_alias_of(buf.storage())) views++;
-        }
-        if (buf.storage().use_count() > 1 + views) buf = torch::empty_like(buf);
-        int64_t off = 0;
-        for (size_t i = d->spans[b].first; i < d->spans[b].second; i++) {
-          auto n = p->params[i].numel();
-          auto dst = buf.narrow(0, off, n);
-          auto g = p->grad(i);
-          if (!g.defined())
-            dst.zero_();  // a rank without this gradient contributes zeros
-          else if (g.data_ptr() != dst.data_ptr())
-            dst.copy_(g.reshape({-1}));
-          off += n;
-        }
-        works.push_back(allreduce(d, buf));
-      }
-      if (p->grad32.size() != p->params.size()) p->grad32.resize(p->params.size());
-      for (size_t b = 0; b < d->buckets.size(); b++) {
-        wait(d, works[b]);
-        auto& buf = d->buckets[b];
-        int64_t off = 0;
-        for (size_t i = d->spans[b].first; i < d->spans[b].second; i++) {
-          const auto& t = p->params[i];
-          // Defined on every rank afterwards, so the ranks stay in step.
-          p->grad32[i] = buf.narrow(0, off, t.numel()).view(t.sizes());
-          off += t.numel();
-        }
-      }
+      for (auto& b : p->buckets) works.push_back(allreduce(d, b));
+      for (auto& w : works) wait(d, w);
     });
+  });
+}
+
+int rc_dist_gather_params(rc_dist* d, rc_policy* p, char** err) {
+  return guarded(err, [&] {
+    if (p->shard_world != d->size || p->shard_rank != d->rank)
+      fail("gather_params: the policy's optimizer is sharded as rank " + std::to_string(p->shard_rank) + " of " +
+           std::to_string(p->shard_world) + ", the group is rank " + std::to_string(d->rank) + " of " +
+           std::to_string(d->size));
+    if (!p->sharded()) return;
+    torch::NoGradGuard ng;
+    // Every rank's share, packed in parameter order, padded to the longest.
+    std::vector<int64_t> len(d->size, 0);
+    for (int r = 0; r < d->size; r++)
+      for (size_t i = 0; i < p->params.size(); i++) {
+        auto s = p->share(i, r, d->size);
+        len[r] += s.second - s.first;
+      }
+    int64_t most = *std::max_element(len.begin(), len.end());
+    // The values travel as their bytes (Gloo has no bfloat16).
+    int64_t es = (int64_t)c10::elementSize(p->dtype);
+    auto flat = [&](size_t i) { return p->params[i].view({-1}).view(torch::kUInt8); };
+    auto opts = torch::TensorOptions().dtype(torch::kUInt8).device(p->device);
+    most *= es;
+    auto mine = torch::zeros({most}, opts);
+    int64_t off = 0;
+    for (size_t i = 0; i < p->params.size(); i++) {
+      auto n = (p->own_hi[i] - p->own_lo[i]) * es;
+      if (n > 0) mine.narrow(0, off, n).copy_(flat(i).narrow(0, p->own_lo[i] * es, n));
+      off += n;
+    }
+    std::vector<torch::Tensor> all;
+    for (int r = 0; r < d->size; r++) all.push_back(torch::empty({most}, opts));
+    collective(d, "gather_params", [&] {
+      std::vector<std::vector<torch::Tensor>> outputs{all};
+      std::vector<torch::Tensor> inputs{mine};
+      c10d::AllgatherOptions o;
+      o.timeout = d->timeout;
+#ifdef USE_C10D_NCCL
+      if (mine.is_cuda()) {
+        if (!d->nccl) fail("parameters on " + mine.device().str() + " need the nccl backend");
+        wait(d, d->nccl->allgather(outputs, inputs, o));
+        all = outputs[0];
+        return;
+      }
+#endif
+      wait(d, d->gloo->allgather(outputs, inputs, o));
+      all = outputs[0];
+    });
+    for (int r = 0; r < d->size; r++) {
+      if (r == d->rank) continue;
+      int64_t at = 0;
+      for (size_t i = 0; i < p->params.size(); i++) {
+        auto s = p->share(i, r, d->size);
+        auto n = (s.second - s.first) * es;
+        if (n > 0) flat(i).narrow(0, s.first * es, n).copy_(all[r].narrow(0, at, n));
+        at += n;
+      }
+    }
+  });
+}
+
+int rc_dist_gather_state(rc_dist* d, rc_policy* p, int32_t root, char** err) {
+  return guarded(err, [&] {
+    if (root < 0) {  // drop what an earlier call gathered
+      p->gathered.clear();
+      return;
+    }
+    if (root >= d->size) fail("gather_state: root " + std::to_string(root) + " of " + std::to_string(d->size));
+    if (!p->sharded()) return;
+    if (p->shard_world != d->size || p->shard_rank != d->rank) fail("gather_state: the policy is sharded for another group");
+    torch::NoGradGuard ng;
+    recal::ensure_optimizer(*p);
+    // Per rank: its shares of exp_avg, exp_avg_sq (and master), in state
+    // order, as one CPU float32 buffer padded to the longest.
+    size_t n = p->params.size(), kinds = p->master.empty() ? 2 : 3;
+    auto kind = [&](size_t k, size_t i) -> torch::Tensor& {
+      return k == 0 ? p->exp_avg[i] : k == 1 ? p->exp_avg_sq[i] : p->master[i];
+    };
+    std::vector<int64_t> len(d->size, 0);
+    for (int r = 0; r < d->size; r++)
+      for (size_t i = 0; i < n; i++) {
+        auto s = p->share(i, r, d->size);
+        len[r] += (int64_t)kinds * (s.second - s.first);
+      }
+    int64_t most = *std::max_element(len.begin(), len.end());
+    auto cpu = torch::TensorOptions().dtype(torch::kFloat32);
+    auto mine = torch::zeros({most}, cpu);
+    int64_t off = 0;
+    for (size_t k = 0; k < kinds; k++)
+      for (size_t i = 0; i < n; i++) {
+        auto m = kind(k, i).numel();
+        if (m > 0) mine.narrow(0, off, m).copy_(kind(k, i).to(torch::kCPU));
+        off += m;
+      }
+    std::vector<torch::Tensor> all;
+    if (d->rank == root)
+      for (int r = 0; r < d->size; r++) all.push_back(torch::empty({most}, cpu));
+    collective(d, "gather_state", [&] {
+      std::vector<std::vector<torch::Tensor>> outputs;
+      if (d->rank == root) outputs.push_back(all);
+      std::vector<torch::Tensor> inputs{mine};
+      c10d::GatherOptions o;
+      o.rootRank = root;
+      o.timeout = d->timeout;
+      wait(d, d->gloo->gather(outputs, inputs, o));
+      if (d->rank == root) all = outputs[0];
+    });
+    if (d->rank != root) return;
+    p->gathered.clear();
+    for (size_t k = 0; k < kinds; k++)
+      for (size_t i = 0; i < n; i++) p->gathered.push_back(torch::empty({p->params[i].numel()}, cpu));
+    for (int r = 0; r < d->size; r++) {
+      int64_t at = 0;
+      for (size_t k = 0; k < kinds; k++)
+        for (size_t i = 0; i < n; i++) {
+          auto s = p->share(i, r, d->size);
+          auto m = s.second - s.first;
+          if (m > 0) p->gathered[k * n + i].narrow(0, s.first, m).copy_(all[r].narrow(0, at, m));
+          at += m;
+        }
+    }
+    for (size_t k = 0; k < kinds; k++)
+      for (size_t i = 0; i < n; i++) p->gathered[k * n + i] = p->gathered[k * n + i].view(p->params[i].sizes());
   });
 }
 
@@ -393,6 +452,10 @@ int rc_dist_new(const rc_dist_opts*, rc_dist** out, char** err) {
 void rc_dist_free(rc_dist* d) { delete d; }
 
 int rc_dist_allreduce_grads(rc_dist*, rc_policy*, char** err) { return guarded(err, [&] { no_gloo(); }); }
+
+int rc_dist_gather_params(rc_dist*, rc_policy*, char** err) { return guarded(err, [&] { no_gloo(); }); }
+
+int rc_dist_gather_state(rc_dist*, rc_policy*, int32_t, char** err) { return guarded(err, [&] { no_gloo(); }); }
 
 int rc_dist_allgather(rc_dist*, const void*, int64_t, void** out, int64_t*, char** err) {
   return guarded(err, [&] {

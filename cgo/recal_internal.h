@@ -78,6 +78,9 @@ struct rc_policy {
   int value_w = -1, value_b = -1;
   torch::Tensor inv_freq;                   // [head_dim/2] float32 on device
   bool trainable = true;
+  // Activation checkpointing per decoder layer in the forward passes that
+  // backpropagate (rc_policy_set_checkpointing).
+  bool checkpoint_layers = false;
 
   // Gradient sums in float32, one per parameter (undefined: none yet), for
   // every dtype. Autograd leaves each backward call's gradients in .grad (in
@@ -107,6 +110,57 @@ struct rc_policy {
 
   const torch::Tensor& P(int i) const { return params[i]; }
 
+  // Gradient buckets (bucket_grads, for the data-parallel all-reduce):
+  // flat float32 buffers that hold the gradient sums, grad32[i] a view of
+  // one, kept across steps and zeroed after each (never freed), so the
+  // all-reduce runs on them in place, with no copy. For a float32 policy
+  // the parameters' .grad are other views of the same memory, so autograd
+  // adds each backward's whole gradient into the sums itself (the output
+  // head's weight, whose gradient partly comes from outside autograd, keeps
+  // a .grad of its own and is added by flush_grads). Empty: each sum is a
+  // tensor of its own, created on first use.
+  std::vector<torch::Tensor> buckets;
+  std::vector<std::pair<size_t, size_t>> bucket_spans;  // parameter range [first, last) of each bucket
+  size_t bucketed_params = 0;                            // parameters 0..bucketed_params-1 are in buckets
+
+  // ZeRO-1 (shard_optimizer): with shard_world > 1 this rank holds the
+  // AdamW moments (and master weights) of its share of every parameter's
+  // elements only, own_lo[i]..own_hi[i], and updates only those; the
+  // ranks then all-gather the parameters (rc_dist_gather_params). The
+  // shares cut the parameters, laid end to end with each padded to a
+  // multiple of kShardAlign elements, into world nearly equal ranges at
+  // multiples of kShardAlign: a cut falls at a multiple of kShardAlign
+  // inside a parameter, so an elementwise update of a share runs the same
+  // vector and scalar loops on each element as one of the whole tensor.
+  static constexpr int64_t kShardAlign = 64;
+  int64_t shard_rank = 0, shard_world = 1;
+  std::vector<int64_t> own_lo, own_hi;
+  // The whole optimizer state gathered on this rank while a checkpoint is
+  // written (rc_dist_gather_state): CPU float32, indexed like state_names.
+  std::vector<torch::Tensor> gathered;
+
+  bool sharded() const { return shard_world > 1; }
+
+  // The element range [lo, hi) of parameter i that rank r owns among world.
+  std::pair<int64_t, int64_t> share(size_t i, int64_t r, int64_t world) const {
+    auto pad = [](int64_t n) { return (n + kShardAlign - 1) / kShardAlign * kShardAlign; };
+    int64_t total = 0, base = 0;
+    for (size_t j = 0; j < params.size(); j++) {
+      if (j == i) base = total;
+      total += pad(params[j].numel());
+    }
+    auto cut = [&](int64_t k) { return k == world ? total : total / kShardAlign * k / world * kShardAlign; };
+    int64_t n = params[i].numel();
+    int64_t lo = std::max(cut(r), base), hi = std::min(cut(r + 1), base + n);
+    if (hi <= lo) return {0, 0};
+    return {lo - base, hi - base};
+  }
+
+  // Whether parameter i's .grad is a view of its bucket (see buckets).
+  bool grad_is_view(size_t i) const {
+    return !buckets.empty() && i < bucketed_params && dtype == torch::kFloat32 && (int)i != lm_head;
+  }
+
   // The float32 gradient sum of parameter i, created zero-filled when absent;
   // adding into it accumulates.
   torch::Tensor grad_acc(size_t i) {
@@ -119,12 +173,68 @@ struct rc_policy {
   // The float32 gradient sum of parameter i, undefined when it has none.
   torch::Tensor grad(size_t i) const { return i < grad32.size() ? grad32[i] : torch::Tensor(); }
 
-  // Moves the gradients autograd left in .grad into the float32 sums.
+  // Puts the gradient sums into buckets of about bucket_bytes (at least one
+  // parameter each), keeping their values; a no-op when they are already
+  // bucketed for the current parameters.
+  void bucket_grads(int64_t bucket_bytes) {
+    torch::NoGradGuard ng;
+    if (!buckets.empty() && bucketed_params == params.size()) return;
+    unbucket_grads();
+    std::vector<torch::Tensor> old = grad32;
+    old.resize(params.size());
+    int64_t cap = std::max<int64_t>(1, bucket_bytes / 4);
+    auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+    size_t first = 0;
+    int64_t n = 0;
+    for (size_t i = 0; i < params.size(); i++) {
+      n += params[i].numel();
+      if (n >= cap || i + 1 == params.size()) {
+        buckets.push_back(torch::zeros({n}, opts));
+        bucket_spans.emplace_back(first, i + 1);
+        first = i + 1;
+        n = 0;
+      }
+    }
+    bucketed_params = params.size();
+    grad32.assign(params.size(), torch::Tensor());
+    for (size_t b = 0; b < buckets.size(); b++) {
+      int64_t off = 0;
+      for (size_t i = bucket_spans[b].first; i < bucket_spans[b].second; i++) {
+        auto n = params[i].numel();
+        grad32[i] = buckets[b].narrow(0, off, n).view(params[i].sizes());
+        if (old[i].defined()) grad32[i].copy_(old[i]);
+        if (grad_is_view(i) && params[i].requires_grad()) {
+          auto& g = params[i].mutable_grad();
+          // A pending .grad (a backward not yet flushed) joins the sum first.
+          if (g.defined()) grad32[i].add_(g);
+          // Another view object: autograd adds into it in place.
+          g = buckets[b].narrow(0, off, n).view(params[i].sizes());
+        }
+        off += n;
+      }
+    }
+  }
+
+  // Drops the buckets; the sums become tensors of their own again.
+  void unbucket_grads() {
+    if (buckets.empty()) return;
+    for (size_t i = 0; i < params.size(); i++) {
+      if (grad_is_view(i)) params[i].mutable_grad() = torch::Tensor();
+      if (i < grad32.size() && grad32[i].defined()) grad32[i] = grad32[i].clone();
+    }
+    buckets.clear();
+    bucket_spans.clear();
+    bucketed_params = 0;
+  }
+
+  // Moves the gradients autograd left in .grad into the float32 sums (for
+  // bucketed float32 parameters autograd already added them there).
   void flush_grads() {
     torch::NoGradGuard ng;
     if (grad32.size() != params.size()) grad32.resize(params.size());
     for (size_t i = 0; i < params.size(); i++) {
       auto& t = params[i];
+      if (grad_is_view(i)) continue;
       torch::Tensor g;
       if (t.grad().defined()) g = t.grad().to(torch::kFloat32);  // float32 .grad: the same tensor, no copy
       if ((int)i == lm_head && head_grad.defined()) g = g.defined() ? head_grad.add_(g) : head_grad;
@@ -138,10 +248,17 @@ struct rc_policy {
     head_grad = torch::Tensor();
   }
 
-  // Drops every gradient.
+  // Drops every gradient (bucketed sums are zeroed in place).
   void clear_grads() {
-    for (auto& t : params) t.mutable_grad() = torch::Tensor();
-    grad32.clear();
+    torch::NoGradGuard ng;
+    if (!buckets.empty()) {
+      for (auto& b : buckets) b.zero_();
+      for (size_t i = 0; i < params.size(); i++)
+        if (!grad_is_view(i)) params[i].mutable_grad() = torch::Tensor();
+    } else {
+      for (auto& t : params) t.mutable_grad() = torch::Tensor();
+      grad32.clear();
+    }
     head_grad = torch::Tensor();
   }
 
@@ -157,6 +274,10 @@ struct rc_policy {
     }
     for (size_t i = 0; i < state_names.size(); i++) {
       if (state_names[i] != name) continue;
+      if (!gathered.empty()) return gathered[i];
+      if (sharded())
+        recal::fail("optimizer tensor \"" + name + "\": the state is sharded over " + std::to_string(shard_world) +
+                    " ranks; gather it first (rc_dist_gather_state)");
       size_t n = params.size();
       if (i < n) return exp_avg[i];
       if (i < 2 * n) return exp_avg_sq[i - n];
@@ -213,6 +334,8 @@ void set_trainable(rc_policy& p, bool on);
 void extend_optimizer(rc_policy& p);
 // Creates the optimizer state when there is none.
 void ensure_optimizer(rc_policy& p);
+// Makes the policy hold rank's share of the optimizer state among world.
+void shard_optimizer(rc_policy& p, int64_t rank, int64_t world);
 
 // Whether extend_rows can decode for this policy: float32 on the CPU.
 bool rows_supported(const rc_policy& p);

@@ -104,9 +104,53 @@ std::string shape_str(torch::IntArrayRef s) {
   return o.str();
 }
 
+// One decoder layer: x [B, T, H] → x + attention(x) + MLP(…).
+Tensor decoder_layer(const rc_policy& p, const Layer& ly, const Tensor& x, const Tensor& cos, const Tensor& sin,
+                     const Tensor& mask) {
+  auto h = rms_norm(x, p.P(ly.in_norm), p.cfg.rms_norm_eps);
+  Tensor q, k, v;
+  qkv(p, ly, h, cos, sin, q, k, v);
+  auto y = x + torch::linear(attend(p, q, k, v, mask), p.P(ly.o_w));
+  return y + mlp(p, ly, rms_norm(y, p.P(ly.post_norm), p.cfg.rms_norm_eps));
+}
+
+// Activation checkpointing of one decoder layer (torch.utils.checkpoint's
+// reentrant form): the forward keeps only the layer's input, not its
+// intermediate activations; the backward runs the layer again with autograd
+// from that input and backpropagates through it, which leaves the layer's
+// parameter gradients in their .grad as the plain backward does. The
+// recomputation repeats the forward's arithmetic exactly, so the gradients
+// are the plain backward's.
+struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
+  static Tensor forward(torch::autograd::AutogradContext* ctx, Tensor x, const rc_policy* p, int64_t layer,
+                        Tensor cos, Tensor sin, Tensor mask) {
+    ctx->saved_data["policy"] = reinterpret_cast<int64_t>(p);
+    ctx->saved_data["layer"] = layer;
+    ctx->save_for_backward({x, cos, sin, mask});
+    torch::NoGradGuard ng;
+    return decoder_layer(*p, p->layers[layer], x, cos, sin, mask);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad) {
+    auto saved = ctx->get_saved_variables();
+    const auto* p = reinterpret_cast<const rc_policy*>(ctx->saved_data["policy"].toInt());
+    auto layer = ctx->saved_data["layer"].toInt();
+    auto x = saved[0].detach().requires_grad_(true);
+    Tensor y;
+    {
+      torch::AutoGradMode on(true);
+      y = decoder_layer(*p, p->layers[layer], x, saved[1], saved[2], saved[3]);
+    }
+    torch::autograd::backward({y}, {grad[0]});
+    return {x.grad(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
+  }
+};
+
 // Full causal forward of right-padded tokens [B, T]; returns the final-norm
 // hidden states [B, T, H]. Padding sits after each row's valid tokens, so the
-// causal mask alone keeps it from influencing valid positions.
+// causal mask alone keeps it from influencing valid positions. With
+// p.checkpoint_layers and autograd on, each layer is checkpointed
+// (CheckpointedLayer): activations of one layer at a time instead of all.
 Tensor forward_full(const rc_policy& p, const Tensor& tokens) {
   auto T = tokens.size(1);
   auto x = torch::embedding(p.P(p.embed), tokens);
@@ -117,13 +161,10 @@ Tensor forward_full(const rc_policy& p, const Tensor& tokens) {
   auto mask = torch::full({T, T}, -std::numeric_limits<float>::infinity(),
                           torch::TensorOptions().dtype(torch::kFloat32).device(p.device))
                   .triu(1);
-  for (const auto& ly : p.layers) {
-    auto h = rms_norm(x, p.P(ly.in_norm), p.cfg.rms_norm_eps);
-    Tensor q, k, v;
-    qkv(p, ly, h, cos, sin, q, k, v);
-    x = x + torch::linear(attend(p, q, k, v, mask), p.P(ly.o_w));
-    x = x + mlp(p, ly, rms_norm(x, p.P(ly.post_norm), p.cfg.rms_norm_eps));
-  }
+  bool ckpt = p.checkpoint_layers && torch::GradMode::is_enabled();
+  for (size_t l = 0; l < p.layers.size(); l++)
+    x = ckpt ? CheckpointedLayer::apply(x, &p, (int64_t)l, cos, sin, mask)
+             : decoder_layer(p, p.layers[l], x, cos, sin, mask);
   return rms_norm(x, p.P(p.norm), p.cfg.rms_norm_eps);
 }
 
@@ -232,6 +273,10 @@ int rc_policy_new(const rc_config* cfg, const char* device, int32_t dtype, rc_po
 }
 
 void rc_policy_free(rc_policy* p) { delete p; }
+
+int rc_policy_set_checkpointing(rc_policy* p, int32_t on, char** err) {
+  return guarded(err, [&] { p->checkpoint_layers = on != 0; });
+}
 
 int rc_policy_row_invariant(rc_policy* p, int32_t* out, char** err) {
   return guarded(err, [&] { *out = recal::rows_supported(*p) ? 1 : 0; });

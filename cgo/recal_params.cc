@@ -32,6 +32,23 @@ int rc_policy_param_info(rc_policy* p, int64_t i, const char** name, int32_t* nd
 int rc_policy_set_param(rc_policy* p, const char* name, int32_t dtype, const void* data, int64_t nbytes, char** err) {
   return guarded(err, [&] {
     torch::NoGradGuard ng;
+    // An optimizer tensor of a sharded policy is given whole (as a
+    // checkpoint holds it); this rank keeps its share.
+    if (p->sharded() && p->index.find(name) == p->index.end()) {
+      for (size_t k = 0; k < p->state_names.size(); k++) {
+        if (p->state_names[k] != name) continue;
+        size_t n = p->params.size(), i = k % n;
+        auto& dst = k < n ? p->exp_avg[i] : k < 2 * n ? p->exp_avg_sq[i] : p->master[i];
+        auto st = scalar_type(dtype);
+        auto want = p->params[i].numel() * (int64_t)c10::elementSize(st);
+        if (nbytes != want)
+          fail("tensor \"" + std::string(name) + "\": " + std::to_string(nbytes) + " bytes, want " + std::to_string(want) +
+               " for shape " + shape_str(p->params[i].sizes()));
+        auto src = torch::from_blob(const_cast<void*>(data), {p->params[i].numel()}, torch::TensorOptions().dtype(st));
+        dst.copy_(src.narrow(0, p->own_lo[i], p->own_hi[i] - p->own_lo[i]));
+        return;
+      }
+    }
     auto dst = p->find_tensor(name);
     auto st = scalar_type(dtype);
     auto want = dst.numel() * (int64_t)c10::elementSize(st);
@@ -42,7 +59,13 @@ int rc_policy_set_param(rc_policy* p, const char* name, int32_t dtype, const voi
     dst.copy_(src);
     // Keep the float32 master copy (if any) in step with the parameter.
     auto it = p->index.find(name);
-    if (it != p->index.end() && !p->master.empty()) p->master[it->second].copy_(src);
+    if (it != p->index.end() && !p->master.empty()) {
+      auto i = it->second;
+      if (p->sharded())
+        p->master[i].copy_(src.reshape({-1}).narrow(0, p->own_lo[i], p->own_hi[i] - p->own_lo[i]));
+      else
+        p->master[i].copy_(src);
+    }
   });
 }
 

@@ -105,12 +105,14 @@ void name_state(rc_policy& p) {
 
 void set_trainable(rc_policy& p, bool on) {
   p.trainable = on;
+  if (!on) p.unbucket_grads();
   for (auto& t : p.params) {
     t.requires_grad_(on);
     if (!on) t.mutable_grad() = Tensor();
   }
   if (!on) {
     p.grad32.clear();
+    p.gathered.clear();
     p.exp_avg.clear();
     p.exp_avg_sq.clear();
     p.master.clear();
@@ -120,17 +122,62 @@ void set_trainable(rc_policy& p, bool on) {
 }
 
 // Creates the optimizer state of the parameters that have none yet: zero
-// moments and, for non-float32 policies, a float32 master copy.
+// moments and, for non-float32 policies, a float32 master copy; of this
+// rank's share of each parameter's elements (a 1-D tensor) when sharded.
 void extend_optimizer(rc_policy& p) {
   auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(p.device);
+  auto shape = [&](size_t i) -> std::vector<int64_t> {
+    if (!p.sharded()) return p.params[i].sizes().vec();
+    return {p.own_hi[i] - p.own_lo[i]};
+  };
+  auto value = [&](size_t i) {
+    auto w = p.params[i].detach();
+    if (p.sharded()) w = w.reshape({-1}).narrow(0, p.own_lo[i], p.own_hi[i] - p.own_lo[i]);
+    return w.to(torch::kFloat32).clone();
+  };
   for (size_t i = p.exp_avg.size(); i < p.params.size(); i++) {
-    p.exp_avg.push_back(torch::zeros(p.params[i].sizes(), f32));
-    p.exp_avg_sq.push_back(torch::zeros(p.params[i].sizes(), f32));
+    p.exp_avg.push_back(torch::zeros(shape(i), f32));
+    p.exp_avg_sq.push_back(torch::zeros(shape(i), f32));
   }
   if (p.dtype != torch::kFloat32)
-    for (size_t i = p.master.size(); i < p.params.size(); i++)
-      p.master.push_back(p.params[i].detach().to(torch::kFloat32).clone());
+    for (size_t i = p.master.size(); i < p.params.size(); i++) p.master.push_back(value(i));
   name_state(p);
+}
+
+// Makes this policy hold the optimizer state of rank's share among world
+// ranks (world 1: all of it). Whole state already there is cut to the
+// share; state sharded another way cannot be re-cut here (it goes whole
+// through a checkpoint: gather, write, load, shard).
+void shard_optimizer(rc_policy& p, int64_t rank, int64_t world) {
+  if (world < 1 || rank < 0 || rank >= world)
+    fail("shard optimizer: rank " + std::to_string(rank) + " of " + std::to_string(world) + ": want 0 ≤ rank < world");
+  if (p.shard_world == world && p.shard_rank == rank) return;
+  bool have = !p.exp_avg.empty();
+  if (have && p.sharded())
+    fail("shard optimizer: the state is already sharded as rank " + std::to_string(p.shard_rank) + " of " +
+         std::to_string(p.shard_world) + "; reshard through a checkpoint");
+  torch::NoGradGuard ng;
+  p.shard_rank = rank;
+  p.shard_world = world;
+  p.own_lo.assign(p.params.size(), 0);
+  p.own_hi.assign(p.params.size(), 0);
+  for (size_t i = 0; i < p.params.size(); i++) {
+    if (world == 1) {
+      p.own_hi[i] = p.params[i].numel();
+      continue;
+    }
+    auto [lo, hi] = p.share(i, rank, world);
+    p.own_lo[i] = lo;
+    p.own_hi[i] = hi;
+  }
+  if (!have || world == 1) return;
+  auto cut = [&](std::vector<Tensor>& v) {
+    for (size_t i = 0; i < v.size(); i++)
+      v[i] = v[i].reshape({-1}).narrow(0, p.own_lo[i], p.own_hi[i] - p.own_lo[i]).clone();
+  };
+  cut(p.exp_avg);
+  cut(p.exp_avg_sq);
+  cut(p.master);
 }
 
 void ensure_optimizer(rc_policy& p) {
@@ -296,6 +343,7 @@ int rc_policy_backward_nll(rc_policy* p, int64_t batch, int64_t len, const int32
 int rc_policy_add_value_head(rc_policy* p, char** err) {
   return guarded(err, [&] {
     if (p->value_w >= 0) fail("the policy already has a value head");
+    if (p->sharded()) fail("add the value head before sharding the optimizer state");
     torch::NoGradGuard ng;
     p->value_w = p->add("value_head.weight", {1, p->cfg.hidden_size});
     p->value_b = p->add("value_head.bias", {1});
@@ -346,8 +394,18 @@ int rc_policy_step(rc_policy* p, const rc_adamw_opts* o, double* grad_norm, char
     double bc1 = 1.0 - std::pow(o->beta1, (double)p->step), bc2 = 1.0 - std::pow(o->beta2, (double)p->step);
     for (size_t i = 0; i < p->params.size(); i++) {
       if (!grads[i].defined()) continue;
-      auto g = coef != 1.0 ? grads[i] * coef : grads[i];
-      auto w = p->master.empty() ? p->params[i] : p->master[i];
+      // Sharded (ZeRO-1): this rank's share of the elements only; the
+      // others come with rc_dist_gather_params. The update is elementwise,
+      // so a share's elements get exactly the bits the whole would.
+      Tensor g = grads[i], param = p->params[i];
+      if (p->sharded()) {
+        auto lo = p->own_lo[i], n = p->own_hi[i] - lo;
+        if (n == 0) continue;
+        g = g.reshape({-1}).narrow(0, lo, n);
+        param = param.view({-1}).narrow(0, lo, n);
+      }
+      if (coef != 1.0) g = g * coef;
+      auto w = p->master.empty() ? param : p->master[i];
       bool value = (int)i == p->value_w || (int)i == p->value_b;
       double lr = value && o->value_lr > 0 ? o->value_lr : o->lr;
       w.mul_(1.0 - lr * o->weight_decay);
@@ -355,10 +413,14 @@ int rc_policy_step(rc_policy* p, const rc_adamw_opts* o, double* grad_norm, char
       p->exp_avg_sq[i].mul_(o->beta2).addcmul_(g, g, 1.0 - o->beta2);
       auto denom = (p->exp_avg_sq[i].sqrt() / std::sqrt(bc2)).add_(o->eps);
       w.addcdiv_(p->exp_avg[i], denom, -lr / bc1);
-      if (!p->master.empty()) p->params[i].copy_(w);
+      if (!p->master.empty()) param.copy_(w);
     }
     p->clear_grads();
   });
+}
+
+int rc_policy_shard_optimizer(rc_policy* p, int64_t rank, int64_t world, char** err) {
+  return guarded(err, [&] { shard_optimizer(*p, rank, world); });
 }
 
 int rc_policy_zero_grad(rc_policy* p, char** err) {

@@ -168,6 +168,51 @@ func (g *ProcessGroup) AllReduceGrads(ctx context.Context, p *Policy) error {
 	})
 }
 
+// GatherParams gives every rank the parameter elements the other ranks
+// updated, after Policy.Step on a policy whose optimizer state is sharded
+// over this group (Policy.ShardOptimizer(g.Rank(), g.Size())): ZeRO-1's
+// all-gather of the parameters. A no-op for a policy sharded over one rank.
+func (g *ProcessGroup) GatherParams(ctx context.Context, p *Policy) error {
+	if err := g.begin(ctx); err != nil {
+		return err
+	}
+	defer g.mu.Unlock()
+	return p.call(ctx, func(h *C.rc_policy) error {
+		var msg *C.char
+		return status(C.rc_dist_gather_params(g.h, h, &msg), msg)
+	})
+}
+
+// GatherState gathers a sharded policy's whole optimizer state on rank
+// root, where SaveOptimizer can then write it; every rank calls it, and
+// root calls DropGatheredState when the checkpoint is written. A no-op for
+// an unsharded policy.
+func (g *ProcessGroup) GatherState(ctx context.Context, p *Policy, root int) error {
+	if root < 0 || root >= g.size {
+		return fmt.Errorf("torchbridge: gather state: root %d of %d ranks", root, g.size)
+	}
+	if err := g.begin(ctx); err != nil {
+		return err
+	}
+	defer g.mu.Unlock()
+	return p.call(ctx, func(h *C.rc_policy) error {
+		var msg *C.char
+		return status(C.rc_dist_gather_state(g.h, h, C.int32_t(root), &msg), msg)
+	})
+}
+
+// DropGatheredState frees what GatherState gathered on this rank.
+func (g *ProcessGroup) DropGatheredState(ctx context.Context, p *Policy) error {
+	if err := g.begin(ctx); err != nil {
+		return err
+	}
+	defer g.mu.Unlock()
+	return p.call(ctx, func(h *C.rc_policy) error {
+		var msg *C.char
+		return status(C.rc_dist_gather_state(g.h, h, -1, &msg), msg)
+	})
+}
+
 // AllGather returns every rank's data, of any length, in rank order; this
 // rank's own data is included (as a copy).
 func (g *ProcessGroup) AllGather(ctx context.Context, data []byte) ([][]byte, error) {

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -203,7 +204,11 @@ func TestDistHelper(t *testing.T) {
 	if scenario == "" {
 		t.Skip("run by TestDistTwoRanks and TestDistDeadPeer as a rank")
 	}
-	if err := torchbridge.SetThreads(1); err != nil {
+	threads := 1
+	if v := os.Getenv("RECAL_DIST_THREADS"); v != "" {
+		threads, _ = strconv.Atoi(v)
+	}
+	if err := torchbridge.SetThreads(threads); err != nil {
 		t.Fatal(err)
 	}
 	l, err := dist.FromEnv()
@@ -227,6 +232,10 @@ func TestDistHelper(t *testing.T) {
 		helperCollectives(t, ctx, g, os.Getenv("RECAL_DIST_DIR"))
 	case "dead-peer":
 		helperDeadPeer(t, ctx, g)
+	case "zero":
+		helperZeRO(t, ctx, g, os.Getenv("RECAL_DIST_DIR"))
+	case "zero-resume":
+		helperZeROResume(t, ctx, g, os.Getenv("RECAL_DIST_DIR"))
 	case "agent-store":
 		if !strings.HasPrefix(l.StorePrefix, "/worker/attempt_") {
 			t.Fatalf("launched with TORCHELASTIC_USE_AGENT_STORE=True, the store prefix is %q, want torchrun's /worker/attempt_N", l.StorePrefix)

@@ -202,6 +202,44 @@ func (p *Policy) NumParams() int64 {
 	return n
 }
 
+// ShardOptimizer makes the policy hold only rank's share, of world ranks,
+// of its AdamW moments and float32 master weights (ZeRO-1): Step then
+// updates this rank's share of every parameter's elements, and
+// ProcessGroup.GatherParams gives each rank the others'. The parameters,
+// laid end to end (each padded to a multiple of 64 elements), are cut into
+// world nearly equal ranges, so any world size works. Whole state already
+// there is cut to the share; state sharded another way goes through a
+// checkpoint (GatherState, SaveOptimizer, LoadOptimizer). A sharded
+// policy's optimizer tensors are loaded whole (it keeps its share) and
+// saved whole only after ProcessGroup.GatherState. Call it after
+// AddValueHead, if any.
+func (p *Policy) ShardOptimizer(rank, world int) error {
+	if world < 1 || rank < 0 || rank >= world {
+		return fmt.Errorf("torchbridge: shard optimizer: rank %d of %d", rank, world)
+	}
+	return p.call(context.Background(), func(h *C.rc_policy) error {
+		var msg *C.char
+		return status(C.rc_policy_shard_optimizer(h, C.int64_t(rank), C.int64_t(world), &msg), msg)
+	})
+}
+
+// SetCheckpointing turns activation checkpointing per decoder layer on or
+// off for the backward passes that follow (Backward, BackwardNLL): a layer's
+// activations are recomputed in the backward instead of kept from the
+// forward, so the trunk holds one layer's activations at a time (and each
+// layer's input) for about one more forward pass of compute. The gradients
+// are those of the plain backward.
+func (p *Policy) SetCheckpointing(on bool) error {
+	v := C.int32_t(0)
+	if on {
+		v = 1
+	}
+	return p.call(context.Background(), func(h *C.rc_policy) error {
+		var msg *C.char
+		return status(C.rc_policy_set_checkpointing(h, v, &msg), msg)
+	})
+}
+
 // RowInvariant reports whether the policy decodes by the row-invariant
 // kernels (a float32 policy on the CPU): a row's logits, sample and
 // log-prob in Cache.Extend are then the same bits whatever rows share the

@@ -16,11 +16,12 @@
 //
 // Modes (recal / torch.distributed):
 //
-//	recal grads      fresh gradients (a backward outside the timer), copied
-//	                 into the buckets, the buckets' all-reduces: what a
+//	recal grads      fresh gradients (a backward outside the timer, which
+//	                 adds them into the buckets where the policy keeps its
+//	                 gradient sums), then the buckets' all-reduces: what a
 //	                 training step's all-reduce does.
-//	recal views      the gradients already views of the buckets (the state
-//	                 after an all-reduce): the buckets' all-reduces alone.
+//	recal views      the same after an extra untimed all-reduce: the
+//	                 buckets' all-reduces alone.
 //	torch views      the same buckets, gradients as their views (DDP's
 //	                 gradient_as_bucket_view=True): the all-reduces alone.
 //	torch bucketed   copy in, async all-reduce per bucket, copy back (DDP's
@@ -289,7 +290,7 @@ func compare(preset string) error {
 		what         string
 	}{
 		{"views", "views", "the buckets' all-reduces alone (same work)"},
-		{"bucketed", "grads", "a step's all-reduce: DDP's reducer (copy in and back) / recal's (copy in)"},
+		{"bucketed", "grads", "a step's all-reduce: DDP's reducer (copy in and back) / recal's (in place)"},
 		{"views", "grads", "DDP with gradient_as_bucket_view / recal's step"},
 		{"flat", "views", "one buffer / recal's buckets"},
 	}

@@ -1,0 +1,206 @@
+package torchbridge_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand"
+	"testing"
+
+	"github.com/recal-project/recal/torchbridge"
+)
+
+// gradsAfter runs one Backward (or BackwardNLL when nll) of seqs on p and
+// returns every parameter's gradient sum, then zeroes them.
+func gradsAfter(t *testing.T, p *torchbridge.Policy, seqs []torchbridge.Sequence, opt torchbridge.LossOptions, nll bool) map[string][]float32 {
+	t.Helper()
+	ctx := context.Background()
+	if nll {
+		toks, masks := make([][]int32, len(seqs)), make([][]float32, len(seqs))
+		for i, s := range seqs {
+			toks[i], masks[i] = s.Tokens, s.Mask
+		}
+		if _, _, err := p.BackwardNLL(ctx, toks, masks, opt.Scale, opt.HeadChunk); err != nil {
+			t.Fatal(err)
+		}
+	} else if _, err := p.Backward(ctx, seqs, opt); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]float32{}
+	for _, pr := range p.Params() {
+		out[pr.Name] = getF32(t, p, "grad/"+pr.Name, pr.Numel())
+	}
+	if err := p.ZeroGrad(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// lossBatch is a batch of sequences of different lengths with advantages,
+// rollout and reference log-probs: every term of the loss is exercised.
+func lossBatch(t *testing.T, p *torchbridge.Policy, vocab int) []torchbridge.Sequence {
+	t.Helper()
+	r := rand.New(rand.NewSource(4))
+	var seqs []torchbridge.Sequence
+	for i, n := range []int{9, 14, 6, 11} {
+		s := torchbridge.Sequence{Tokens: randomSeq(r, n, vocab), Mask: make([]float32, n), Advantage: float32(i) - 1.5}
+		for j := 3; j < n; j++ {
+			s.Mask[j] = 1
+		}
+		seqs = append(seqs, s)
+	}
+	toks := make([][]int32, len(seqs))
+	for i := range seqs {
+		toks[i] = seqs[i].Tokens
+	}
+	lp, _, err := p.Score(context.Background(), toks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range seqs {
+		seqs[i].OldLogp, seqs[i].RefLogp = make([]float32, len(lp[i])), make([]float32, len(lp[i]))
+		for j := range lp[i] {
+			seqs[i].OldLogp[j] = lp[i][j] + float32(r.NormFloat64()*0.2)
+			seqs[i].RefLogp[j] = lp[i][j] + float32(r.NormFloat64()*0.3)
+		}
+	}
+	return seqs
+}
+
+// maxDiff is the largest |a − b| over every parameter's gradient, and the
+// largest |a|, for a relative reading.
+func maxDiff(a, b map[string][]float32) (d, scale float64) {
+	for k, av := range a {
+		for i, x := range av {
+			d = math.Max(d, math.Abs(float64(x-b[k][i])))
+			scale = math.Max(scale, math.Abs(float64(x)))
+		}
+	}
+	return d, scale
+}
+
+// Activation checkpointing recomputes each layer in the backward: the
+// gradients must be the plain backward's (the recomputation repeats the
+// forward's arithmetic), for the policy-gradient loss and the supervised
+// one, float32 and bfloat16.
+func TestCheckpointingGradients(t *testing.T) {
+	for _, dtype := range []string{"float32", "bfloat16"} {
+		for _, nll := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/nll=%v", dtype, nll), func(t *testing.T) {
+				cfg := tinyConfig(97, false)
+				p, err := torchbridge.NewPolicy(cfg, onDevice(torchbridge.Options{DType: dtype}))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer p.Close()
+				if err := p.InitRandom(5, 0.3); err != nil {
+					t.Fatal(err)
+				}
+				seqs := lossBatch(t, p, 97)
+				opt := torchbridge.LossOptions{ClipEps: 0.2, KLCoef: 0.3, EntropyCoef: 0.05, Scale: 1.0 / 30, HeadChunk: 7}
+				plain := gradsAfter(t, p, seqs, opt, nll)
+				if err := p.SetCheckpointing(true); err != nil {
+					t.Fatal(err)
+				}
+				ckpt := gradsAfter(t, p, seqs, opt, nll)
+				if err := p.SetCheckpointing(false); err != nil {
+					t.Fatal(err)
+				}
+				d, scale := maxDiff(plain, ckpt)
+				if scale == 0 {
+					t.Fatal("every gradient is zero: the test exercises nothing")
+				}
+				if d > 1e-6*scale {
+					t.Errorf("checkpointed gradients differ from the plain backward's by up to %g (largest gradient %g); want float32 rounding at most", d, scale)
+				}
+				t.Logf("max |checkpointed − plain| = %g (largest gradient %g)", d, scale)
+			})
+		}
+	}
+}
+
+// The output head runs over chunks of train.head_chunk tokens, so that no
+// [tokens × vocabulary] logits (or their gradient) exist for a whole
+// micro-batch. Every chunk size, one token to more than the batch holds
+// (one chunk: today's unchunked head), gives the same log-probs, entropies
+// and gradients within float32 rounding (the head's weight gradient sums
+// the chunks in another grouping), and 0 takes the default.
+func TestHeadChunks(t *testing.T) {
+	cfg := tinyConfig(97, true)
+	p, err := torchbridge.NewPolicy(cfg, onDevice(torchbridge.Options{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if err := p.InitRandom(8, 0.3); err != nil {
+		t.Fatal(err)
+	}
+	seqs := lossBatch(t, p, 97)
+	tokens := 0
+	for _, s := range seqs {
+		tokens += len(s.Tokens)
+	}
+	ref := gradsAfter(t, p, seqs, torchbridge.LossOptions{ClipEps: 0.2, KLCoef: 0.3, EntropyCoef: 0.05, Scale: 1.0 / 30, HeadChunk: tokens + 100}, false)
+	refNLL := gradsAfter(t, p, seqs, torchbridge.LossOptions{Scale: 1.0 / 30, HeadChunk: tokens + 100}, true)
+	for _, chunk := range []int{1, 3, 7, tokens - 1, tokens, 0} {
+		t.Run(fmt.Sprintf("chunk=%d", chunk), func(t *testing.T) {
+			got := gradsAfter(t, p, seqs, torchbridge.LossOptions{ClipEps: 0.2, KLCoef: 0.3, EntropyCoef: 0.05, Scale: 1.0 / 30, HeadChunk: chunk}, false)
+			if d, scale := maxDiff(ref, got); scale == 0 || d > 1e-5*scale {
+				t.Errorf("policy-gradient loss, head chunk %d: gradients differ from one chunk's by up to %g (largest %g); want float32 rounding", chunk, d, scale)
+			}
+			got = gradsAfter(t, p, seqs, torchbridge.LossOptions{Scale: 1.0 / 30, HeadChunk: chunk}, true)
+			if d, scale := maxDiff(refNLL, got); scale == 0 || d > 1e-5*scale {
+				t.Errorf("supervised loss, head chunk %d: gradients differ from one chunk's by up to %g (largest %g); want float32 rounding", chunk, d, scale)
+			}
+		})
+	}
+}
+
+// Sharding over one rank is no sharding; a rank or world outside range is
+// refused, naming both.
+func TestShardOptimizerSettings(t *testing.T) {
+	ctx := context.Background()
+	p, err := torchbridge.NewPolicy(tinyConfig(97, true), torchbridge.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for _, c := range [][2]int{{0, 0}, {-1, 2}, {2, 2}} {
+		if err := p.ShardOptimizer(c[0], c[1]); err == nil {
+			t.Errorf("ShardOptimizer(%d, %d) succeeded; want an error naming the rank and world", c[0], c[1])
+		}
+	}
+	q, err := torchbridge.NewPolicy(tinyConfig(97, true), torchbridge.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	for _, x := range []*torchbridge.Policy{p, q} {
+		if err := x.InitRandom(3, 0.2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := q.ShardOptimizer(0, 1); err != nil {
+		t.Fatal(err)
+	}
+	seqs := lossBatch(t, p, 97)
+	for step := 0; step < 2; step++ {
+		for _, x := range []*torchbridge.Policy{p, q} {
+			if _, err := x.Backward(ctx, seqs, torchbridge.LossOptions{ClipEps: 0.2, Scale: 0.05}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := x.Step(ctx, zeroAdam); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if !bytesEqual(weights(t, p), weights(t, q)) {
+		t.Error("a policy sharded over one rank trained other weights than an unsharded one")
+	}
+	dir := t.TempDir()
+	if err := q.SaveOptimizer(dir + "/opt.safetensors"); err != nil {
+		t.Errorf("saving the optimizer of a policy sharded over one rank: %v; want it whole, as unsharded", err)
+	}
+}
+
+func bytesEqual(a, b []byte) bool { return string(a) == string(b) }
