@@ -359,7 +359,9 @@ func (p *openAI) parse(status int, raw []byte, query string, wait time.Duration,
 	if s := cr.Choices[0].Message.Content; s != nil {
 		c.Text = *s
 	}
-	if cr.Usage != nil && (cr.Usage.PromptTokens > 0 || cr.Usage.CompletionTokens > 0) {
+	// Counts are billed as costs: a negative one (from a broken or hostile
+	// endpoint) would pay back, so such a usage is estimated instead.
+	if u := cr.Usage; u != nil && u.PromptTokens >= 0 && u.CompletionTokens >= 0 && (u.PromptTokens > 0 || u.CompletionTokens > 0) {
 		c.InputTokens = cr.Usage.PromptTokens
 		c.OutputTokens = cr.Usage.CompletionTokens
 	} else {
@@ -388,10 +390,7 @@ func (p *openAI) httpError(status int, raw []byte) *HTTPError {
 			if msg == "" {
 				msg = eb.Type
 			}
-			e.Code = strings.Trim(string(eb.Code), `"`)
-			if e.Code == "null" {
-				e.Code = ""
-			}
+			e.Code = errorCode(eb.Code)
 		case json.Unmarshal(wrapper.Error, &s) == nil:
 			msg = s
 		}
@@ -400,9 +399,23 @@ func (p *openAI) httpError(status int, raw []byte) *HTTPError {
 		msg = string(raw)
 	}
 	// Redact before cutting, so that no prefix of the key survives a cut.
-	e.Message = cutRunes(p.redactString(strings.Join(strings.Fields(strings.ToValidUTF8(msg, "")), " ")), maxErrorChars)
-	e.Code = cutRunes(p.redactString(e.Code), 40)
+	e.Message = cutRunes(p.redactString(strings.Join(strings.Fields(sanitizeHeader(msg)), " ")), maxErrorChars)
+	e.Code = cutRunes(p.redactString(sanitizeHeader(e.Code)), 40)
 	return e
+}
+
+// errorCode reads the "code" of an error object: a string or a number
+// ("rate_limit", 429); any other JSON value is no code.
+func errorCode(raw json.RawMessage) string {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	var n json.Number
+	if json.Unmarshal(raw, &n) == nil {
+		return n.String()
+	}
+	return ""
 }
 
 // sanitizeHeader makes a header value from a server safe to put in an
