@@ -58,7 +58,8 @@ func ParseAction(text string) Action {
 	ai := strings.Index(text, AnswerOpen)
 	if sOK && (!aOK || si < ai) {
 		name, query, _ := strings.Cut(s, ":")
-		return Action{Kind: Search, Model: strings.TrimSpace(name), Query: truncate(strings.TrimSpace(query), MaxQueryBytes)}
+		// Trimmed again after the cut, which may end at a space.
+		return Action{Kind: Search, Model: strings.TrimSpace(name), Query: strings.TrimSpace(truncate(strings.TrimSpace(query), MaxQueryBytes))}
 	}
 	if aOK {
 		return Action{Kind: Answer, Answer: strings.TrimSpace(a)}

@@ -41,6 +41,7 @@ func FuzzParseAction(f *testing.F) {
 		"<information><information></information>",
 		"<",
 		"<search>m: " + strings.Repeat("é", 1200) + "</search>",
+		"<search>m: " + strings.Repeat("a ", 1200) + "</search>", // the cut at MaxQueryBytes ends at a space
 		"<think>\xed\xa0\x80</think><answer>\xf4\x90\x80\x80</answer>",
 	} {
 		f.Add(s)
@@ -148,7 +149,7 @@ func FuzzActionRoundTrip(f *testing.F) {
 		}
 
 		searchText := ThinkOpen + think + ThinkClose + "\n" + SearchOpen + model + ": " + query + SearchClose
-		want := Action{Kind: Search, Model: strings.TrimSpace(model), Query: truncate(strings.TrimSpace(query), MaxQueryBytes)}
+		want := Action{Kind: Search, Model: strings.TrimSpace(model), Query: strings.TrimSpace(truncate(strings.TrimSpace(query), MaxQueryBytes))}
 		if a := ParseAction(searchText); a != want {
 			t.Fatalf("ParseAction(%q) = %+v, want %+v", searchText, a, want)
 		}
