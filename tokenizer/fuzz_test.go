@@ -141,6 +141,7 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte(strings.Replace(string(tiny), `"merges":["a b","ab c"]`, `"merges":[["a","b"],["ab","c"]]`, 1)), "abc")
 	f.Add([]byte(`{"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"pre_tokenizer":{"type":"ByteLevel"}}`), "")
 	f.Add([]byte(`null`), "")
+	f.Add([]byte(strings.Replace(string(tiny), `"id":258`, `"id":256`, 1)), "ab") // the added token takes the id of "ab"
 	f.Fuzz(func(t *testing.T, data []byte, text string) {
 		tk, err := parse("tokenizer.json", data)
 		if err != nil {

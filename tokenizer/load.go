@@ -223,6 +223,12 @@ func parse(file string, data []byte) (*Tokenizer, error) {
 		if !ok { // as Hugging Face's ByteLevel decoder: fall back to the text itself
 			raw = []byte(a.Content)
 		}
+		// An id may name one text only: were it a vocabulary token too, BPE
+		// could produce the added token from plain text, and decoding would
+		// turn that text into the added token's.
+		if prev := t.tokens[*a.ID]; prev != nil && string(prev) != string(raw) {
+			return nil, fail("added_tokens[%d] %q: id %d is already the token %q", i, a.Content, *a.ID, prev)
+		}
 		t.tokens[*a.ID] = raw
 		t.special[*a.ID] = a.Special
 		t.addedID[string(raw)] = *a.ID
