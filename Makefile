@@ -120,17 +120,20 @@ FUZZTIME ?= 60s
 FUZZ_PKGS ?= ./...
 FUZZFLAGS ?=
 fuzz: lib
-	@failed=""; n=0; \
+	@failed=""; n=0; summary=""; log=$$(mktemp); \
 	for line in $$($(GO) list -f '{{.Dir}}|{{.ImportPath}}' $(FUZZ_PKGS)); do \
 		dir=$${line%%|*}; pkg=$${line#*|}; \
 		grep -qs '^func Fuzz' $$dir/*_test.go || continue; \
 		targets=$$($(GOENV) $(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz') || { failed="$$failed $$pkg(list)"; continue; }; \
 		for t in $$targets; do \
 			n=$$((n+1)); echo "== $$pkg $$t ($(FUZZTIME))"; \
-			$(GOENV) $(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) $(FUZZFLAGS) $$pkg || failed="$$failed $$pkg.$$t"; \
+			{ $(GOENV) $(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) $(FUZZFLAGS) $$pkg; echo $$? > $$log.rc; } 2>&1 | tee $$log; \
+			res=ok; [ "$$(cat $$log.rc)" = 0 ] || { res=FAIL; failed="$$failed $$pkg.$$t"; }; \
+			summary="$$summary$$res $$pkg $$t: $$(grep -o 'elapsed: .*' $$log | tail -1)\n"; \
 		done; \
 	done; \
-	echo "fuzz: $$n targets, $(FUZZTIME) each"; \
+	rm -f $$log $$log.rc; \
+	echo "fuzz: $$n targets, $(FUZZTIME) each"; printf '%b' "$$summary"; \
 	if [ -n "$$failed" ]; then echo "fuzz: FAILED:$$failed"; exit 1; fi
 
 bench: build $(INIT)
