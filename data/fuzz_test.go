@@ -5,9 +5,12 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/parquet-go/parquet-go"
 )
 
 // checkLoaded holds what LoadFile promises of the examples it returns, and
@@ -110,4 +113,36 @@ func FuzzLoadParquet(f *testing.F) {
 		exs, err := LoadFile(path, LoadOptions{Dataset: "nq"})
 		checkLoaded(t, path, 1<<30, exs, err)
 	})
+}
+
+// TestLoadRepairsInvalidUTF8 loads a Parquet file whose strings hold invalid
+// UTF-8 (Parquet strings are bytes; JSON decoding already repairs them):
+// the example holds valid UTF-8, so that its id and question are the same
+// after a JSON round trip through the results and outcome files.
+func TestLoadRepairsInvalidUTF8(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "f.parquet")
+	fx := fixture{
+		name: "invalid_utf8",
+		schema: parquet.NewSchema("schema", parquet.Group{
+			"id":             optString(),
+			"question":       optString(),
+			"golden_answers": stringList("element"),
+		}),
+		rows: []fixtureRow{{"id": "a\xff", "question": "who\xc0 wrote it", "golden_answers.list.element": []string{"x\xed\xa0\x80y"}}},
+	}
+	b, err := fx.build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	exs, err := LoadFile(path, LoadOptions{Dataset: "nq"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Example{ID: "nq/a\uFFFD", SourceID: "a\uFFFD", Dataset: "nq", Question: "who\uFFFD wrote it?", Golden: []string{"x\uFFFDy"}}
+	if len(exs) != 1 || exs[0].ID != want.ID || exs[0].SourceID != want.SourceID || exs[0].Question != want.Question || !slices.Equal(exs[0].Golden, want.Golden) {
+		t.Fatalf("LoadFile = %+v, want %+v: invalid UTF-8 replaced by U+FFFD", exs, want)
+	}
 }
