@@ -3,6 +3,8 @@ package tokenizer
 import (
 	"encoding/binary"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -136,13 +138,20 @@ func FuzzParse(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	f.Add(tiny, "abc <|x|> abcabc é")
-	f.Add([]byte(strings.Replace(string(tiny), `"id":258`, `"id":1000000000000`, 1)), "x")
-	f.Add([]byte(strings.Replace(string(tiny), `"merges":["a b","ab c"]`, `"merges":[["a","b"],["ab","c"]]`, 1)), "abc")
-	f.Add([]byte(`{"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"pre_tokenizer":{"type":"ByteLevel"}}`), "")
-	f.Add([]byte(`null`), "")
-	f.Add([]byte(strings.Replace(string(tiny), `"id":258`, `"id":256`, 1)), "ab") // the added token takes the id of "ab"
-	f.Fuzz(func(t *testing.T, data []byte, text string) {
+	qwenConfig, err := os.ReadFile(filepath.Join(qwenDir, ConfigFile))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(tiny, "abc <|x|> abcabc é", []byte(nil))
+	f.Add(tiny, "abc", []byte(`{"eos_token":{"content":"<|x|>"},"pad_token":null,"chat_template":[{"name":"default","template":"'<|im_start|>system\\nHi<|im_end|>\\n'"}]}`))
+	f.Add(tiny, "abc", []byte(`{"eos_token":"<|nope|>"}`))
+	f.Add(tiny, "abc", qwenConfig)
+	f.Add([]byte(strings.Replace(string(tiny), `"id":258`, `"id":1000000000000`, 1)), "x", []byte(nil))
+	f.Add([]byte(strings.Replace(string(tiny), `"merges":["a b","ab c"]`, `"merges":[["a","b"],["ab","c"]]`, 1)), "abc", []byte(nil))
+	f.Add([]byte(`{"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"pre_tokenizer":{"type":"ByteLevel"}}`), "", []byte(nil))
+	f.Add([]byte(`null`), "", []byte(nil))
+	f.Add([]byte(strings.Replace(string(tiny), `"id":258`, `"id":256`, 1)), "ab", []byte(nil)) // the added token takes the id of "ab"
+	f.Fuzz(func(t *testing.T, data []byte, text string, config []byte) {
 		tk, err := parse("tokenizer.json", data)
 		if err != nil {
 			if !strings.HasPrefix(err.Error(), "tokenizer: tokenizer.json: ") {
@@ -153,8 +162,20 @@ func FuzzParse(f *testing.F) {
 		if len(text) > 256 {
 			text = text[:256] // a Split regex from the input may backtrack
 		}
-		if err := tk.applyConfig("", nil); err != nil {
-			t.Fatalf("applyConfig without a config file: %v", err)
+		if len(config) == 0 {
+			if err := tk.applyConfig("", nil); err != nil {
+				t.Fatalf("applyConfig without a config file: %v", err)
+			}
+		} else if err := tk.applyConfig(ConfigFile, config); err != nil {
+			if !strings.HasPrefix(err.Error(), "tokenizer: "+ConfigFile+": ") {
+				t.Fatalf("applyConfig error %q does not name the package and file", err)
+			}
+		} else {
+			for _, id := range []int{tk.EOS(), tk.PadID(), tk.BOS()} {
+				if id != -1 && tk.TokenBytes(id) == nil {
+					t.Fatalf("tokenizer_config.json %s set a special id %d that is no token", config, id)
+				}
+			}
 		}
 		ids := tk.EncodePlain(text)
 		want := toValidUTF8(text)
