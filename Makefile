@@ -71,7 +71,7 @@ GOENV = CGO_CFLAGS="-O2 -DRECAL_LIB=$$(sha1sum $(LIB) | cut -c1-16)" CGO_LDFLAGS
 # Pure-Go packages: they build and test without cgo or libtorch.
 PURE_PKGS := $(foreach d,internal/hfmodel internal/docgen internal/httpretry internal/diskcache config generate tokenizer data llmpool router calibration plot dist serve embed baselines ablate,$(if $(wildcard $(d)),./$(d)/...))
 
-.PHONY: all build lib deps test test-kernels test-pure bench train clean fixtures e2e-serve docs
+.PHONY: all build lib deps test test-kernels test-pure fuzz bench train clean fixtures e2e-serve docs
 
 all: build
 
@@ -125,6 +125,34 @@ test: lib
 BLAS_CORES ?= default Haswell Sandybridge
 test-kernels: lib
 	$(GOENV) ./scripts/test-kernels.sh $(BLAS_CORES)
+
+# fuzz runs every fuzz target of the module (each func FuzzXxx(*testing.F),
+# found anew on every run, so new targets need no edit here) for FUZZTIME
+# each, one after the other: go test -fuzz takes one package and one target
+# at a time. `make fuzz FUZZTIME=10m` runs longer; FUZZ_PKGS narrows the
+# packages (FUZZ_PKGS=./router/...); FUZZFLAGS adds flags (-parallel 1 on a
+# shared machine). An input that fails is saved to the package's
+# testdata/fuzz/FuzzXxx/, where `make test` runs it with the seed corpus
+# from then on; the run goes on with the other targets and fails at the end.
+FUZZTIME ?= 60s
+FUZZ_PKGS ?= ./...
+FUZZFLAGS ?=
+fuzz: lib
+	@failed=""; n=0; summary=""; log=$$(mktemp); \
+	for line in $$($(GO) list -f '{{.Dir}}|{{.ImportPath}}' $(FUZZ_PKGS)); do \
+		dir=$${line%%|*}; pkg=$${line#*|}; \
+		grep -qs '^func Fuzz' $$dir/*_test.go || continue; \
+		targets=$$($(GOENV) $(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz') || { failed="$$failed $$pkg(list)"; continue; }; \
+		for t in $$targets; do \
+			n=$$((n+1)); echo "== $$pkg $$t ($(FUZZTIME))"; \
+			{ $(GOENV) $(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) $(FUZZFLAGS) $$pkg; echo $$? > $$log.rc; } 2>&1 | tee $$log; \
+			res=ok; [ "$$(cat $$log.rc)" = 0 ] || { res=FAIL; failed="$$failed $$pkg.$$t"; }; \
+			summary="$$summary$$res $$pkg $$t: $$(grep -o 'elapsed: .*' $$log | tail -1)\n"; \
+		done; \
+	done; \
+	rm -f $$log $$log.rc; \
+	echo "fuzz: $$n targets, $(FUZZTIME) each"; printf '%b' "$$summary"; \
+	if [ -n "$$failed" ]; then echo "fuzz: FAILED:$$failed"; exit 1; fi
 
 bench: build $(INIT)
 	$(GOENV) $(GO) run ./bench -python $(PYTHON)

@@ -364,6 +364,9 @@ func Parse(name string, text []byte, sets []string) (Config, error) {
 		sort.Strings(keys)
 		return Config{}, fmt.Errorf("config: %s: unknown key %q", name, keys[0])
 	}
+	if err := checkFinite(reflect.ValueOf(cfg), ""); err != nil {
+		return Config{}, fmt.Errorf("config: %s: %w", name, err)
+	}
 	if err := cfg.Validate(); err != nil {
 		return Config{}, fmt.Errorf("config: %s: %w", name, err)
 	}

@@ -24,10 +24,13 @@ type rawExample struct {
 
 // newExample cleans a raw record into an Example: the question is trimmed
 // and gets a final "?" when it has none (as Search-R1 and Router-R1 do);
-// golden answers are trimmed and empties dropped. It returns the name of the
-// offending field with the error.
+// golden answers are trimmed and empties dropped. Invalid UTF-8 (Parquet
+// strings are bytes) becomes U+FFFD, so that an example reads the same after
+// a JSON round trip through results and outcome files. It returns the name
+// of the offending field with the error.
 func newExample(r rawExample) (Example, string, error) {
-	q := strings.TrimSpace(r.question)
+	r.sourceID = strings.ToValidUTF8(r.sourceID, "\uFFFD")
+	q := strings.TrimSpace(strings.ToValidUTF8(r.question, "\uFFFD"))
 	if q == "" {
 		return Example{}, "question", errors.New("empty")
 	}
@@ -36,7 +39,7 @@ func newExample(r rawExample) (Example, string, error) {
 	}
 	golden := make([]string, 0, len(r.golden))
 	for _, g := range r.golden {
-		if g = strings.TrimSpace(g); g != "" {
+		if g = strings.TrimSpace(strings.ToValidUTF8(g, "\uFFFD")); g != "" {
 			golden = append(golden, g)
 		}
 	}

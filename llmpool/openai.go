@@ -237,7 +237,9 @@ func (p *openAI) parse(r httpretry.Reply, query string) (completion, httpretry.R
 	if s := cr.Choices[0].Message.Content; s != nil {
 		c.Text = *s
 	}
-	if cr.Usage != nil && (cr.Usage.PromptTokens > 0 || cr.Usage.CompletionTokens > 0) {
+	// Counts are billed as costs: a negative one (from a broken or hostile
+	// endpoint) would pay back, so such a usage is estimated instead.
+	if u := cr.Usage; u != nil && u.PromptTokens >= 0 && u.CompletionTokens >= 0 && (u.PromptTokens > 0 || u.CompletionTokens > 0) {
 		c.InputTokens = cr.Usage.PromptTokens
 		c.OutputTokens = cr.Usage.CompletionTokens
 	} else {

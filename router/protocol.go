@@ -58,7 +58,8 @@ func ParseAction(text string) Action {
 	ai := strings.Index(text, AnswerOpen)
 	if sOK && (!aOK || si < ai) {
 		name, query, _ := strings.Cut(s, ":")
-		return Action{Kind: Search, Model: strings.TrimSpace(name), Query: truncate(strings.TrimSpace(query), MaxQueryBytes)}
+		// Trimmed again after the cut, which may end at a space.
+		return Action{Kind: Search, Model: strings.TrimSpace(name), Query: strings.TrimSpace(truncate(strings.TrimSpace(query), MaxQueryBytes))}
 	}
 	if aOK {
 		return Action{Kind: Answer, Answer: strings.TrimSpace(a)}
@@ -97,7 +98,9 @@ func truncate(s string, n int) string {
 }
 
 // LastAnswer is the content of the last complete <answer> element of a
-// response, trimmed, and whether there was one.
+// response, trimmed, and whether there was one: the last <answer> with a
+// </answer> after it, up to the first one ("<answer>A</answer></answer>"
+// answers "A").
 func LastAnswer(text string) (string, bool) {
 	j := strings.LastIndex(text, AnswerClose)
 	if j < 0 {
@@ -107,7 +110,11 @@ func LastAnswer(text string) (string, bool) {
 	if i < 0 {
 		return "", false
 	}
-	return strings.TrimSpace(text[i+len(AnswerOpen) : j]), true
+	inner := text[i+len(AnswerOpen) : j]
+	if k := strings.Index(inner, AnswerClose); k >= 0 {
+		inner = inner[:k]
+	}
+	return strings.TrimSpace(inner), true
 }
 
 // InfoBlocks returns the contents of every complete <information> element.

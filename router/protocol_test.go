@@ -184,3 +184,24 @@ func TestBalanceShareRepeats(t *testing.T) {
 		}
 	}
 }
+
+func TestLastAnswer(t *testing.T) {
+	for _, c := range []struct {
+		text, want string
+		ok         bool
+	}{
+		{"<think>t</think><answer> Paris </answer>", "Paris", true},
+		{"<answer>A</answer> then <answer>B</answer>", "B", true},
+		{"<answer>A</answer></answer>", "A", true}, // a repeated close is not part of the answer
+		{"<answer></answer></answer>", "", true},
+		{"<answer><answer>A</answer>", "A", true},
+		{"<answer>A</answer><answer>B", "A", true}, // the last complete element
+		{"<answer>A", "", false},
+		{"A</answer>", "", false},
+	} {
+		got, ok := LastAnswer(c.text)
+		if got != c.want || ok != c.ok {
+			t.Errorf("LastAnswer(%q) = %q, %v; want %q, %v (the inside of the last complete <answer> element)", c.text, got, ok, c.want, c.ok)
+		}
+	}
+}

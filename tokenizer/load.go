@@ -107,6 +107,11 @@ func isNull(raw json.RawMessage) bool {
 	return len(raw) == 0 || string(raw) == "null"
 }
 
+// maxVocabID bounds token ids: the id table is allocated up to the highest
+// id, so a hostile id must not size it. The largest vocabularies in use
+// hold about 262k tokens.
+const maxVocabID = 1 << 22
+
 // parse builds a Tokenizer from the bytes of tokenizer.json; file names it in
 // errors.
 func parse(file string, data []byte) (*Tokenizer, error) {
@@ -157,14 +162,14 @@ func parse(file string, data []byte) (*Tokenizer, error) {
 	// Vocabulary: byte-level keys → raw bytes.
 	maxID := -1
 	for key, id := range m.Vocab {
-		if id < 0 {
-			return nil, fail("model.vocab[%q]: negative id %d", key, id)
+		if id < 0 || id >= maxVocabID {
+			return nil, fail("model.vocab[%q]: id %d is outside [0, %d)", key, id, maxVocabID)
 		}
 		maxID = max(maxID, id)
 	}
 	for _, a := range f.AddedTokens {
-		if a.ID == nil || *a.ID < 0 {
-			return nil, fail("added_tokens: %q: missing or negative id", a.Content)
+		if a.ID == nil || *a.ID < 0 || *a.ID >= maxVocabID {
+			return nil, fail("added_tokens: %q: id missing or outside [0, %d)", a.Content, maxVocabID)
 		}
 		maxID = max(maxID, *a.ID)
 	}
@@ -217,6 +222,12 @@ func parse(file string, data []byte) (*Tokenizer, error) {
 		raw, ok := byteLevelDecode(a.Content)
 		if !ok { // as Hugging Face's ByteLevel decoder: fall back to the text itself
 			raw = []byte(a.Content)
+		}
+		// An id may name one text only: were it a vocabulary token too, BPE
+		// could produce the added token from plain text, and decoding would
+		// turn that text into the added token's.
+		if prev := t.tokens[*a.ID]; prev != nil && string(prev) != string(raw) {
+			return nil, fail("added_tokens[%d] %q: id %d is already the token %q", i, a.Content, *a.ID, prev)
 		}
 		t.tokens[*a.ID] = raw
 		t.special[*a.ID] = a.Special

@@ -139,6 +139,13 @@ func TestLoadErrors(t *testing.T) {
 		{name: "merges not a list", edit: func(d map[string]any) { model(d)["merges"] = 3 }, want: []string{"model.merges: want a list"}},
 		{name: "byte missing", edit: func(d map[string]any) { delete(model(d)["vocab"].(map[string]any), "Ġ") }, want: []string{"model.vocab: no token for byte 0x20"}},
 		{name: "not byte level", edit: func(d map[string]any) { model(d)["vocab"].(map[string]any)["▁x"] = 300 }, want: []string{`model.vocab["▁x"]: not a byte-level token`}},
+		{name: "huge vocab id", edit: func(d map[string]any) { model(d)["vocab"].(map[string]any)["ab"] = 1 << 40 }, want: []string{`model.vocab["ab"]: id 1099511627776 is outside [0, 4194304)`}},
+		{name: "negative vocab id", edit: func(d map[string]any) { model(d)["vocab"].(map[string]any)["ab"] = -1 }, want: []string{`model.vocab["ab"]: id -1 is outside`}},
+		{name: "huge added id", edit: func(d map[string]any) { d["added_tokens"].([]any)[0].(map[string]any)["id"] = 1 << 40 }, want: []string{`added_tokens: "<|x|>": id missing or outside [0, 4194304)`}},
+		{name: "added id of a vocab token", edit: func(d map[string]any) { d["added_tokens"].([]any)[0].(map[string]any)["id"] = 256 }, want: []string{`added_tokens[0] "<|x|>": id 256 is already the token "ab"`}},
+		{name: "added id twice", edit: func(d map[string]any) {
+			d["added_tokens"] = append(d["added_tokens"].([]any), map[string]any{"id": 258, "content": "<|y|>", "special": true})
+		}, want: []string{`added_tokens[1] "<|y|>": id 258 is already the token "<|x|>"`}},
 		{name: "byte fallback", edit: func(d map[string]any) { model(d)["byte_fallback"] = true }, want: []string{"model.byte_fallback"}, unsupported: true},
 		{name: "dropout", edit: func(d map[string]any) { model(d)["dropout"] = 0.1 }, want: []string{"model.dropout 0.1"}, unsupported: true},
 		{name: "normalizer", edit: func(d map[string]any) { d["normalizer"] = map[string]any{"type": "Lowercase"} }, want: []string{`normalizer: type "Lowercase"`}, unsupported: true},

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -120,6 +121,24 @@ func (c *Config) Validate() error {
 	for _, f := range pos {
 		if f.v <= 0 {
 			return fmt.Errorf("field %q must be positive, got %d", f.name, f.v)
+		}
+	}
+	if c.HeadDim < 0 {
+		return fmt.Errorf("field \"head_dim\" must be positive (or absent), got %d", c.HeadDim)
+	}
+	// The weight matrices' byte counts (float32) must fit int64: sizes from
+	// a hostile config.json must not overflow the shapes built from them.
+	hd := c.HeadDimension()
+	for _, m := range []struct {
+		a, b   string
+		va, vb int64
+	}{
+		{"vocab_size", "hidden_size", c.VocabSize, c.HiddenSize}, {"intermediate_size", "hidden_size", c.IntermediateSize, c.HiddenSize},
+		{"num_attention_heads", "head dimension", c.NumAttentionHeads, hd}, {"num_key_value_heads", "head dimension", c.NumKeyValueHeads, hd},
+		{"num_hidden_layers", "hidden_size", c.NumHiddenLayers, c.HiddenSize}, {"max_position_embeddings", "head dimension", c.MaxPositionEmbeddings, hd},
+	} {
+		if m.vb > 0 && m.va > math.MaxInt64/4/m.vb {
+			return fmt.Errorf("fields %q (%d) × %q (%d): too large, a float32 matrix of that size has more than 2^63 bytes", m.a, m.va, m.b, m.vb)
 		}
 	}
 	if c.NumAttentionHeads%c.NumKeyValueHeads != 0 {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -139,13 +140,24 @@ func (w *Weights) open(path string) error {
 			return fmt.Errorf("hfmodel: %s: truncated: tensor %q ends at byte %d of the data, which has %d bytes", path, name, e.Offsets[1], dataSize)
 		}
 		t := &Tensor{Name: name, DType: e.DType, Shape: e.Shape, file: f, path: path, begin: 8 + n + e.Offsets[0], size: e.Offsets[1] - e.Offsets[0]}
+		numel := int64(1)
 		for _, d := range e.Shape {
 			if d < 0 {
 				return fmt.Errorf("hfmodel: %s: tensor %q: negative dimension in shape %v", path, name, e.Shape)
 			}
+			// A product past int64 would wrap, and a huge shape could
+			// then claim a few bytes of data.
+			if d > 0 && numel > math.MaxInt64/d {
+				return fmt.Errorf("hfmodel: %s: tensor %q: shape %v has more than %d elements", path, name, e.Shape, int64(math.MaxInt64))
+			}
+			numel *= d
 		}
-		if es, ok := DTypeSize[e.DType]; ok && t.Numel()*es != t.size {
-			return fmt.Errorf("hfmodel: %s: tensor %q: %d bytes for shape %v of %s, want %d", path, name, t.size, e.Shape, e.DType, t.Numel()*es)
+		if es, ok := DTypeSize[e.DType]; ok && (numel > t.size/es || numel*es != t.size) {
+			want := fmt.Sprintf("%d", numel*es)
+			if numel > math.MaxInt64/es {
+				want = "more than fits in int64"
+			}
+			return fmt.Errorf("hfmodel: %s: tensor %q: %d bytes for shape %v of %s, want %s", path, name, t.size, e.Shape, e.DType, want)
 		}
 		if _, dup := w.tensors[name]; dup {
 			return fmt.Errorf("hfmodel: %s: tensor %q appears in two shards", path, name)

@@ -204,10 +204,7 @@ func (c *Client) httpError(status int, raw []byte) *HTTPError {
 			if msg == "" {
 				msg = eb.Type
 			}
-			e.Code = strings.Trim(string(eb.Code), `"`)
-			if e.Code == "null" {
-				e.Code = ""
-			}
+			e.Code = errorCode(eb.Code)
 		case json.Unmarshal(wrapper.Error, &s) == nil:
 			msg = s
 		}
@@ -216,7 +213,7 @@ func (c *Client) httpError(status int, raw []byte) *HTTPError {
 		msg = string(raw)
 	}
 	// Redact before cutting, so that no prefix of the key survives a cut.
-	e.Message = cutRunes(c.clean(strings.Join(strings.Fields(msg), " ")), maxErrorChars)
+	e.Message = cutRunes(strings.Join(strings.Fields(c.clean(msg)), " "), maxErrorChars)
 	e.Code = cutRunes(c.clean(e.Code), 40)
 	return e
 }
@@ -263,4 +260,18 @@ func cutRunes(s string, n int) string {
 		n--
 	}
 	return s
+}
+
+// errorCode reads the "code" of an error object: a string or a number
+// ("rate_limit", 429); any other JSON value is no code.
+func errorCode(raw json.RawMessage) string {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	var n json.Number
+	if json.Unmarshal(raw, &n) == nil {
+		return n.String()
+	}
+	return ""
 }
