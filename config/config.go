@@ -288,6 +288,12 @@ type Policy struct {
 	// rollouts, which leave one core idle on one thread, ran about 1.4x
 	// faster with 2 in make train (1.75x in make bench's 256-row rollout).
 	RolloutWorkers int `toml:"rollout_workers"`
+	// GradientCheckpointing recomputes each decoder layer's activations in
+	// the backward instead of keeping them from the forward (activation
+	// checkpointing): the trunk then holds one layer's activations at a
+	// time (and each layer's input) for about one more forward pass of
+	// compute. The gradients are the plain backward's, bit for bit.
+	GradientCheckpointing bool `toml:"gradient_checkpointing"`
 }
 
 // Default returns the configuration every file starts from.

@@ -21,8 +21,17 @@ type Dist struct {
 	Backend string `toml:"backend"`
 	// BucketBytes is the size of the float32 buckets the gradients are
 	// all-reduced in (bytes); each bucket is sent while the next is filled.
-	// Default 26214400 (25 MiB, PyTorch DDP's).
+	// Default 26214400 (25 MiB, PyTorch DDP's). The gradient sums live in
+	// these buckets (no copy per step).
 	BucketBytes int `toml:"bucket_bytes"`
+	// ShardOptimizer shards the AdamW moments and float32 master weights
+	// over the ranks (ZeRO-1): each rank holds and updates 1/N of every
+	// parameter's elements, then the ranks all-gather the parameters. The
+	// same weights bit for bit as unsharded (the update is elementwise);
+	// checkpoints are written whole, so a run resumes with another number
+	// of ranks or without sharding. Memory per rank: see docs/memory.md.
+	// Ignored by a job of one process.
+	ShardOptimizer bool `toml:"shard_optimizer"`
 }
 
 // DefaultDist returns the [dist] defaults.

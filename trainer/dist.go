@@ -46,7 +46,37 @@ import (
 type ranks struct {
 	dist.Group
 	grads dist.GradReducer
+	// shard, when not nil, shards the policy's optimizer state over the
+	// ranks (dist.shard_optimizer, ZeRO-1).
+	shard *sharding
 }
+
+// optimizerSharder is a group that shards a policy's optimizer state over
+// its ranks (torchbridge.ProcessGroup).
+type optimizerSharder interface {
+	GatherParams(ctx context.Context, p *torchbridge.Policy) error
+	GatherState(ctx context.Context, p *torchbridge.Policy, root int) error
+	DropGatheredState(ctx context.Context, p *torchbridge.Policy) error
+}
+
+// sharding is ZeRO-1 on one policy: after each optimizer step the ranks
+// all-gather the parameters each updated, and before a checkpoint they
+// gather the whole optimizer state on rank 0, which writes it.
+type sharding struct {
+	g     optimizerSharder
+	p     *torchbridge.Policy
+	guard func(string, func() error) error
+}
+
+func (s *sharding) gatherParams(ctx context.Context) error {
+	return s.guard("all-gather of the parameters", func() error { return s.g.GatherParams(ctx, s.p) })
+}
+
+func (s *sharding) gatherState(ctx context.Context) error {
+	return s.guard("gather of the optimizer state", func() error { return s.g.GatherState(ctx, s.p, 0) })
+}
+
+func (s *sharding) dropState(ctx context.Context) error { return s.g.DropGatheredState(ctx, s.p) }
 
 // policyReducer is a group that sums a policy's gradients over its ranks
 // (torchbridge.ProcessGroup).
@@ -54,10 +84,11 @@ type policyReducer interface {
 	AllReduceGrads(ctx context.Context, p *torchbridge.Policy) error
 }
 
-// newRanks binds g's gradient all-reduce to p; g nil is one process. A
-// watched group's all-reduce runs under its watchdog, like its other
-// collectives.
-func newRanks(g dist.Group, p *torchbridge.Policy) (ranks, error) {
+// newRanks binds g's gradient all-reduce to p, and with shard the sharding
+// of p's optimizer state (dist.shard_optimizer: ZeRO-1, when g has several
+// ranks and can shard); g nil is one process. A watched group's collectives
+// run under its watchdog.
+func newRanks(g dist.Group, p *torchbridge.Policy, shard bool) (ranks, error) {
 	if g == nil {
 		g = dist.Single()
 	}
@@ -67,9 +98,13 @@ func newRanks(g dist.Group, p *torchbridge.Policy) (ranks, error) {
 	}
 	switch gr := inner.(type) {
 	case policyReducer:
-		return ranks{Group: g, grads: dist.GradReducerFunc(func(ctx context.Context) error {
+		r := ranks{Group: g, grads: dist.GradReducerFunc(func(ctx context.Context) error {
 			return guard("all-reduce of the gradients", func() error { return gr.AllReduceGrads(ctx, p) })
-		})}, nil
+		})}
+		if sh, ok := inner.(optimizerSharder); ok && shard && g.Size() > 1 {
+			r.shard = &sharding{g: sh, p: p, guard: guard}
+		}
+		return r, nil
 	case dist.GradReducer:
 		return ranks{Group: g, grads: gr}, nil
 	}

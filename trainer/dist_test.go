@@ -158,6 +158,29 @@ func TestTrainDataParallel(t *testing.T) {
 	t.Run("two ranks compute what one process computes", func(t *testing.T) {
 		compareRuns(t, one, two, match{exactUpTo: 4, weights: map[string]float64{"sft": 0, "step-1": 0, "step-4": 0}})
 	})
+	t.Run("sharded optimizer and checkpointed layers compute what one process computes", func(t *testing.T) {
+		sharded := filepath.Join(t.TempDir(), "sharded")
+		errs, outs, _ := ranksWith(t, sharded, append(append([]string{}, sets...), "dist.shard_optimizer=true", "policy.gradient_checkpointing=true"))
+		for r, err := range errs {
+			if err != nil {
+				t.Fatalf("rank %d: %v\n%s", r, err, outs[r])
+			}
+		}
+		compareRuns(t, one, sharded, match{exactUpTo: 4, weights: map[string]float64{"sft": 0, "step-1": 0, "step-4": 0}})
+		for _, ck := range []string{"step-1", "step-4"} {
+			a, err := os.ReadFile(filepath.Join(two, "checkpoints", ck, "optimizer.safetensors"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := os.ReadFile(filepath.Join(sharded, "checkpoints", ck, "optimizer.safetensors"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(a, b) {
+				t.Errorf("%s: the sharded run's optimizer checkpoint (gathered whole) differs from the unsharded two-rank run's", ck)
+			}
+		}
+	})
 
 	killed := filepath.Join(t.TempDir(), "killed")
 	t.Run("a rank killed in a step stops the other, naming it", func(t *testing.T) {

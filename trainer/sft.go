@@ -134,7 +134,7 @@ func runSFT(ctx context.Context, cfg config.Config, env *Env, r ranks, train []d
 // zero. record receives one line per step, tagged with stage.
 func fitDemos(ctx context.Context, cfg config.Config, p *torchbridge.Policy, train []data.Example, stage string,
 	build func(step int, qs []data.Example) ([]Demo, error), record func(sftLine) error, log *slog.Logger) error {
-	r, err := newRanks(nil, p)
+	r, err := newRanks(nil, p, false)
 	if err != nil {
 		return err
 	}

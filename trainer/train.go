@@ -124,8 +124,11 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 		return err
 	}
 	defer eng.Close()
-	r, err := newRanks(opt.Group, eng.Policy)
+	r, err := newRanks(opt.Group, eng.Policy, cfg.Dist.ShardOptimizer)
 	if err != nil {
+		return err
+	}
+	if err := eng.Policy.SetCheckpointing(cfg.Policy.GradientCheckpointing); err != nil {
 		return err
 	}
 	// Collective: every rank continues from the same checkpoint.
@@ -214,6 +217,14 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 		}
 		defer j.ref.Close()
 		if err := j.ref.SetTrainable(false); err != nil {
+			return err
+		}
+	}
+
+	// ZeRO-1: from here each rank holds its share of the optimizer state
+	// (the warm-up above ran whole on every rank, with no all-reduce).
+	if r.shard != nil {
+		if err := eng.Policy.ShardOptimizer(r.Rank(), r.Size()); err != nil {
 			return err
 		}
 	}
@@ -467,6 +478,12 @@ func (j *job) step(ctx context.Context) (*stepResult, error) {
 		if err != nil {
 			return nil, err
 		}
+		// Collective (ZeRO-1): each rank updated its share; all get all.
+		if r.shard != nil {
+			if err := r.shard.gatherParams(work); err != nil {
+				return nil, err
+			}
+		}
 		if torchbridge.Skipped(gn) {
 			// A NaN/Inf gradient: the bridge left the weights and the
 			// optimizer untouched. Count it, say so, and stop after
@@ -503,12 +520,26 @@ func (j *job) step(ctx context.Context) (*stepResult, error) {
 // and the other ranks wait for it: they may read it next (the KL
 // reference), and a failed write stops them all.
 func (j *job) checkpoint(ctx context.Context, name string) error {
-	if j.r.leader() {
-		if err := j.run.checkpoint(j.eng, j.st, j.sampler, name); err != nil {
+	work := context.WithoutCancel(ctx)
+	// Collective (ZeRO-1): the optimizer state is written whole, gathered
+	// on rank 0 (a no-op before the state is sharded).
+	if j.r.shard != nil {
+		if err := j.r.shard.gatherState(work); err != nil {
 			return err
 		}
 	}
-	return j.r.barrier(context.WithoutCancel(ctx))
+	if j.r.leader() {
+		err := j.run.checkpoint(j.eng, j.st, j.sampler, name)
+		if j.r.shard != nil {
+			if derr := j.r.shard.dropState(work); err == nil {
+				err = derr
+			}
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return j.r.barrier(work)
 }
 
 // keepBest has rank 0 point checkpoints/best at j.best, checkpointed
