@@ -557,9 +557,12 @@ func hasPoolCall(calls []router.Call) bool {
 // exits 0.
 func TestServeSIGTERM(t *testing.T) {
 	ck := testpolicy.Micro(t, "../..", 1)
-	// Long turns make each request last long enough to be caught in flight.
+	// Long turns, decoded one request at a time, make the 16 requests last
+	// long enough to be caught in flight together even on a loaded machine
+	// (with 4 at a time, the first ones could finish before the last ones
+	// arrived).
 	p := startServe(t, "--checkpoint", ck, "--set", "router.turn_tokens=160", "--set", "router.max_turns=1",
-		"--set", "serve.max_batch=4", "--set", "serve.max_queue=16", "--set", "serve.drain_timeout=5m")
+		"--set", "serve.max_batch=1", "--set", "serve.max_queue=16", "--set", "serve.drain_timeout=5m")
 	codes := make(chan string, 16)
 	for i := range 16 {
 		go func() {
@@ -590,7 +593,11 @@ func TestServeSIGTERM(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("16 requests never in flight together (%d decoding, %d waiting)", st.Active, st.Waiting)
+			var ended []string
+			for len(codes) > 0 {
+				ended = append(ended, <-codes)
+			}
+			t.Fatalf("16 requests never in flight together (%d decoding, %d waiting; %d ended: %q)", st.Active, st.Waiting, len(ended), ended)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
