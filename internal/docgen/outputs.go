@@ -25,6 +25,12 @@ type OutputsPage struct {
 	Sections []OutputSection
 	// Regenerate is the command that rewrites the page.
 	Regenerate string
+	// Notes say what a field means where its Go field has no doc comment,
+	// keyed by package, type and Go field name ("router.Call.Query"); a
+	// note applies wherever the field appears. A note no file uses, or for
+	// a field the code documents, is an error: the code's comment wins,
+	// and a note never outlives its field.
+	Notes map[string]string
 }
 
 // OutputSection is a heading of the page and its files.
@@ -40,17 +46,13 @@ type OutputFile struct {
 	About string // Markdown: who writes it, when, one line per what
 	Pkg   string // the package folder of Type, relative to Root: "trainer"
 	Type  string // the Go type encoded per line (JSON Lines) or whole (JSON); "" for a file with no schema of its own
-	// Notes say what a field means where its Go field has no doc comment,
-	// keyed by the field's name on the page ("calls[].query"). A note for
-	// a field that does not exist, or that the code documents, is an error:
-	// the code's comment wins, and a note never outlives its field.
-	Notes map[string]string
 }
 
 // outField is one row of a file's table.
 type outField struct {
 	name, typ, doc string
-	omit           bool // omitempty: "(omitted when empty)" follows the doc
+	omit           bool   // omitempty: "(omitted when empty)" follows the doc
+	goKey          string // package.Type.Field, what notes are keyed by
 }
 
 // text is the field's meaning cell.
@@ -64,29 +66,19 @@ func (f outField) text() string {
 	return f.doc + " *(omitted when empty)*"
 }
 
-// applyNotes fills the meaning of undocumented fields from notes.
-func applyNotes(fields []outField, notes map[string]string) error {
-	seen := map[string]bool{}
+// applyNotes fills the meaning of undocumented fields from notes, marking
+// the notes used in seen.
+func applyNotes(fields []outField, notes map[string]string, seen map[string]bool) error {
 	for i := range fields {
-		n, ok := notes[fields[i].name]
+		n, ok := notes[fields[i].goKey]
 		if !ok {
 			continue
 		}
-		seen[fields[i].name] = true
+		seen[fields[i].goKey] = true
 		if fields[i].doc != "" {
-			return fmt.Errorf("a note for %s, which the code documents (%q): remove the note", fields[i].name, fields[i].doc)
+			return fmt.Errorf("a note for %s, which the code documents (%q): remove the note", fields[i].goKey, fields[i].doc)
 		}
 		fields[i].doc = escape(n)
-	}
-	var missing []string
-	for k := range notes {
-		if !seen[k] {
-			missing = append(missing, k)
-		}
-	}
-	if len(missing) > 0 {
-		sort.Strings(missing)
-		return fmt.Errorf("notes for fields the type does not have: %s", strings.Join(missing, ", "))
 	}
 	return nil
 }
@@ -98,6 +90,7 @@ func (p OutputsPage) Markdown() ([]byte, error) {
 		return nil, err
 	}
 	w := &structWalker{root: p.Root, module: src.module, pkgs: map[string]*astPackage{}}
+	used := map[string]bool{}
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Output files\n\n<!-- Generated from the code by `%s`. Do not edit. -->\n\n", p.Regenerate)
 	b.WriteString(strings.TrimSpace(p.Intro) + "\n\n")
@@ -127,7 +120,7 @@ func (p OutputsPage) Markdown() ([]byte, error) {
 			if err != nil {
 				return nil, fmt.Errorf("docgen: %s: %w", f.Path, err)
 			}
-			if err := applyNotes(fields, f.Notes); err != nil {
+			if err := applyNotes(fields, p.Notes, used); err != nil {
 				return nil, fmt.Errorf("docgen: %s: %w", f.Path, err)
 			}
 			fmt.Fprintf(&b, "\nType: `%s.%s` (%s).\n\n| field | type | meaning |\n| --- | --- | --- |\n", filepath.Base(f.Pkg), f.Type, file)
@@ -135,6 +128,16 @@ func (p OutputsPage) Markdown() ([]byte, error) {
 				fmt.Fprintf(&b, "| %s | %s | %s |\n", code(fl.name), fl.typ, fl.text())
 			}
 		}
+	}
+	var unused []string
+	for k := range p.Notes {
+		if !used[k] {
+			unused = append(unused, k)
+		}
+	}
+	if len(unused) > 0 {
+		sort.Strings(unused)
+		return nil, fmt.Errorf("docgen: notes for fields no file of the page has: %s", strings.Join(unused, ", "))
 	}
 	return []byte(b.String()), nil
 }
@@ -225,7 +228,7 @@ func (w *structWalker) describe(dir, name string) ([]outField, string, error) {
 		return nil, "", fmt.Errorf("%s.%s is not a struct", dir, name)
 	}
 	var out []outField
-	if err := w.fields(dir, t.imports, st, "", "", &out, 0); err != nil {
+	if err := w.fields(dir, filepath.Base(dir)+"."+name, t.imports, st, "", "", &out, 0); err != nil {
 		return nil, "", err
 	}
 	return out, t.file, nil
@@ -233,7 +236,7 @@ func (w *structWalker) describe(dir, name string) ([]outField, string, error) {
 
 // fields appends the JSON fields of st under prefix, descending into the
 // module's struct types (depth-bounded against recursive types).
-func (w *structWalker) fields(dir string, imports map[string]string, st *ast.StructType, prefix, note string, out *[]outField, depth int) error {
+func (w *structWalker) fields(dir, owner string, imports map[string]string, st *ast.StructType, prefix, note string, out *[]outField, depth int) error {
 	if depth > 4 {
 		return nil
 	}
@@ -266,12 +269,12 @@ func (w *structWalker) fields(dir string, imports map[string]string, st *ast.Str
 		if len(names) == 0 { // embedded
 			if jsonName == "" {
 				// encoding/json inlines an embedded struct's fields.
-				edir, eimp, est, ok, err := w.resolveStruct(dir, imports, f.Type)
+				edir, eowner, eimp, est, ok, err := w.resolveStruct(dir, imports, f.Type)
 				if err != nil {
 					return err
 				}
 				if ok {
-					if err := w.fields(edir, eimp, est, prefix, doc, out, depth+1); err != nil {
+					if err := w.fields(edir, eowner, eimp, est, prefix, doc, out, depth+1); err != nil {
 						return err
 					}
 					continue
@@ -296,9 +299,9 @@ func (w *structWalker) fields(dir string, imports map[string]string, st *ast.Str
 				// A field of an inlined embedded struct: its comment says when.
 				text = strings.TrimSpace(text + " (" + escape(note) + ")")
 			}
-			*out = append(*out, outField{name: prefix + name, typ: typ, doc: text, omit: omit})
+			*out = append(*out, outField{name: prefix + name, typ: typ, doc: text, omit: omit, goKey: owner + "." + n.Name})
 			if sub != nil {
-				if err := w.fields(sub.dir, sub.imports, sub.st, prefix+name+sub.suffix, "", out, depth+1); err != nil {
+				if err := w.fields(sub.dir, sub.owner, sub.imports, sub.st, prefix+name+sub.suffix, "", out, depth+1); err != nil {
 					return err
 				}
 			}
@@ -310,6 +313,7 @@ func (w *structWalker) fields(dir string, imports map[string]string, st *ast.Str
 // nested is a struct a field's type holds, listed under the field.
 type nested struct {
 	dir     string
+	owner   string // package.Type of the struct ("" for an anonymous one)
 	imports map[string]string
 	st      *ast.StructType
 	suffix  string // what joins the field's name and the struct's: ".", "[].", ".KEY."
@@ -371,7 +375,7 @@ func (w *structWalker) jsonType(dir string, imports map[string]string, e ast.Exp
 		}
 		return w.named(rel, e.Sel.Name)
 	case *ast.StructType:
-		return "object", &nested{dir: dir, imports: imports, st: e, suffix: "."}, nil
+		return "object", &nested{dir: dir, owner: "", imports: imports, st: e, suffix: "."}, nil
 	}
 	return "", nil, fmt.Errorf("unsupported type expression %T", e)
 }
@@ -383,13 +387,13 @@ func (w *structWalker) named(dir, name string) (string, *nested, error) {
 		return "", nil, err
 	}
 	if st, ok := t.expr.(*ast.StructType); ok {
-		return "object", &nested{dir: dir, imports: t.imports, st: st, suffix: "."}, nil
+		return "object", &nested{dir: dir, owner: filepath.Base(dir) + "." + name, imports: t.imports, st: st, suffix: "."}, nil
 	}
 	return w.jsonType(dir, t.imports, t.expr)
 }
 
 // resolveStruct resolves an embedded field's type to its struct, if it is one.
-func (w *structWalker) resolveStruct(dir string, imports map[string]string, e ast.Expr) (string, map[string]string, *ast.StructType, bool, error) {
+func (w *structWalker) resolveStruct(dir string, imports map[string]string, e ast.Expr) (string, string, map[string]string, *ast.StructType, bool, error) {
 	if s, ok := e.(*ast.StarExpr); ok {
 		e = s.X
 	}
@@ -400,22 +404,22 @@ func (w *structWalker) resolveStruct(dir string, imports map[string]string, e as
 	case *ast.SelectorExpr:
 		id, ok := e.X.(*ast.Ident)
 		if !ok {
-			return "", nil, nil, false, nil
+			return "", "", nil, nil, false, nil
 		}
 		rel, ok := strings.CutPrefix(imports[id.Name], w.module+"/")
 		if !ok {
-			return "", nil, nil, false, nil
+			return "", "", nil, nil, false, nil
 		}
 		tdir, name = rel, e.Sel.Name
 	default:
-		return "", nil, nil, false, nil
+		return "", "", nil, nil, false, nil
 	}
 	t, err := w.lookup(tdir, name)
 	if err != nil {
-		return "", nil, nil, false, err
+		return "", "", nil, nil, false, err
 	}
 	st, ok := t.expr.(*ast.StructType)
-	return tdir, t.imports, st, ok, nil
+	return tdir, filepath.Base(tdir) + "." + name, t.imports, st, ok, nil
 }
 
 // mentions reports whether doc names the Go identifier name as a word.

@@ -15,19 +15,19 @@ func TestOutputsDescribe(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []outField{
-		{"step", "integer", "the step", false},
-		{"rewards", "object of number", "Rewards by component.", false},
-		{"calls", "array of object", "", false},
-		{"calls[].model", "string", `the model \| its name`, false},
-		{"calls[].nested", "object", "", false},
-		{"calls[].nested.a", "boolean", "", false},
-		{"took_ns", "integer (nanoseconds)", "", true},
-		{"loss", "number", "value loss (set for PPO only)", false},
-		{"kind", "string", "a named string", false},
-		{"NoTag", "boolean", "", false},
-		{"first", "integer", "First and Second are documented together.", false},
-		{"second", "integer", "First and Second are documented together.", false},
-		{"third", "integer", "", false},
+		{"step", "integer", "the step", false, "..Line.Step"},
+		{"rewards", "object of number", "Rewards by component.", false, "..Line.Rewards"},
+		{"calls", "array of object", "", false, "..Line.Calls"},
+		{"calls[].model", "string", `the model \| its name`, false, "sub.Call.Model"},
+		{"calls[].nested", "object", "", false, "sub.Call.Nested"},
+		{"calls[].nested.a", "boolean", "", false, ".A"},
+		{"took_ns", "integer (nanoseconds)", "", true, "..Line.Took"},
+		{"loss", "number", "value loss (set for PPO only)", false, "..Extra.Loss"},
+		{"kind", "string", "a named string", false, "..Line.Kind"},
+		{"NoTag", "boolean", "", false, "..Line.NoTag"},
+		{"first", "integer", "First and Second are documented together.", false, "..Line.First"},
+		{"second", "integer", "First and Second are documented together.", false, "..Line.Second"},
+		{"third", "integer", "", false, "..Line.Third"},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("got %d fields %v, want %d %v", len(got), got, len(want), want)
@@ -59,9 +59,9 @@ func TestOutputsMissingType(t *testing.T) {
 
 // The page lists every file with an anchor that its heading has.
 func TestOutputsPageAnchors(t *testing.T) {
-	b, err := OutputsPage{Root: "testdata/outmod", Intro: "Intro.", Regenerate: "regen",
+	b, err := OutputsPage{Root: "testdata/outmod", Intro: "Intro.", Regenerate: "regen", Notes: map[string]string{"..Line.Third": "the third | last"},
 		Sections: []OutputSection{{Title: "Run", Files: []OutputFile{
-			{Path: "RUN_DIR/line.jsonl", About: "One line per step.", Pkg: ".", Type: "Line", Notes: map[string]string{"third": "the third | last"}},
+			{Path: "RUN_DIR/line.jsonl", About: "One line per step.", Pkg: ".", Type: "Line"},
 			{Path: "RUN_DIR/config.toml", About: "The configuration."}}}}}.Markdown()
 	if err != nil {
 		t.Fatal(err)
@@ -82,11 +82,11 @@ func TestOutputsNotes(t *testing.T) {
 		notes map[string]string
 		want  string
 	}{
-		{map[string]string{"step": "x"}, "which the code documents"},
-		{map[string]string{"gone": "x"}, "does not have: gone"},
+		{map[string]string{"..Line.Step": "x"}, "which the code documents"},
+		{map[string]string{"..Line.Gone": "x"}, "no file of the page has: ..Line.Gone"},
 	} {
-		_, err := OutputsPage{Root: "testdata/outmod", Regenerate: "x",
-			Sections: []OutputSection{{Title: "t", Files: []OutputFile{{Path: "f.jsonl", Pkg: ".", Type: "Line", Notes: c.notes}}}}}.Markdown()
+		_, err := OutputsPage{Root: "testdata/outmod", Regenerate: "x", Notes: c.notes,
+			Sections: []OutputSection{{Title: "t", Files: []OutputFile{{Path: "f.jsonl", Pkg: ".", Type: "Line"}}}}}.Markdown()
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("notes %v: error %v, want one saying %q", c.notes, err, c.want)
 		}
