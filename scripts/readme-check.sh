@@ -32,6 +32,7 @@ trap 'rm -rf "$work"' EXIT
 log=$work/log
 
 fail() { echo "readme-check: $*" >&2; exit 1; }
+command -v curl >/dev/null || fail "curl is not installed, and the README's serve example uses it (apt-get install curl)"
 
 make -C "$root" --no-print-directory build >"$log" 2>&1 || { cat "$log" >&2; fail "make build failed"; }
 for f in data router tokenizer configs bin; do ln -s "$root/$f" "$work/$f"; done
