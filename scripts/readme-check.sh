@@ -111,7 +111,9 @@ for b in blocks/*.sh; do
 	sed 's/^/    /' "$b" >&2
 	start=$SECONDS
 	# Background jobs must exit 0: the block's last act is to wait for each.
-	if ! bash -e -o pipefail -c "$(cat "$b")"'
+	# A failed command leaves no background job behind (the EXIT trap).
+	if ! bash -e -o pipefail -c 'trap "kill \$(jobs -p) 2>/dev/null || true" EXIT
+'"$(cat "$b")"'
 for p in $(jobs -p); do wait "$p" || { echo "a background command exited $?" >&2; exit 1; }; done' >"$log" 2>&1; then
 		tail -n 40 "$log" >&2
 		fail "a command of README.md failed (block above)"
