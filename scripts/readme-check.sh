@@ -98,8 +98,10 @@ ls "$work"/blocks/*.sh >/dev/null 2>&1 || fail "no sh block in $readme"
 cd "$work"
 # make train, shortened, with the stand-in recal.toml.
 echo "readme-check: stand-in run (make train, shortened) in $work" >&2
+policy=$root/cmd/recal/testdata/serve-policy
+[ -f "$policy/model.safetensors" ] || fail "$policy (the stand-in run's starting policy) is missing"
 mkdir -p runs/init
-cp -r "$root/cmd/recal/testdata/serve-policy" runs/init/tiny
+cp -r "$policy" runs/init/tiny
 ./bin/recal train --config recal.toml --run-dir runs/recal >"$log" 2>&1 \
 	|| { cat "$log" >&2; fail "the stand-in recal train failed"; }
 
