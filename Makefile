@@ -107,6 +107,8 @@ build: lib
 # where the concurrency lives (pool fan-out, rollout engine, server; about
 # 2 minutes on 2 cores). baselines is left out of the race run: its fitting
 # starts no goroutine, and its learning tests take many minutes under -race.
+# Last, every command README.md shows runs as shown, against a short
+# stand-in run (scripts/readme-check.sh, under a minute).
 RACE_PKGS := $(filter-out ./baselines/...,$(PURE_PKGS))
 test: lib
 	CGO_ENABLED=0 $(GO) vet $(PURE_PKGS)
@@ -115,6 +117,7 @@ test: lib
 	$(GOENV) $(GO) test -count=1 ./...
 	$(GO) test -race -count=1 $(RACE_PKGS)
 	@$(MAKE) --no-print-directory test-kernels
+	PYTHON=$(PYTHON) ./scripts/readme-check.sh
 
 # test-kernels: the determinism tests (row invariance, data-parallel ranks =
 # one process, rollout workers, resume, the shared warm-up) again under each

@@ -20,7 +20,7 @@ import (
 	"github.com/recal-project/recal/trainer"
 )
 
-var updateDocs = flag.Bool("update", false, "rewrite docs/config.md and docs/cli.md from the code (TestDocs)")
+var updateDocs = flag.Bool("update", false, "rewrite docs/config.md, docs/cli.md and docs/outputs.md from the code (TestDocs)")
 
 // regenerateDocs rewrites the generated reference pages (make docs runs it).
 const regenerateDocs = "go test ./cmd/recal -run TestDocs -update"
@@ -35,6 +35,7 @@ func TestDocs(t *testing.T) {
 	}{
 		{"../../docs/config.md", configReference},
 		{"../../docs/cli.md", func() ([]byte, error) { return docgen.CLIMarkdown(newApp(), regenerateDocs), nil }},
+		{"../../docs/outputs.md", outputsReference().Markdown},
 	}
 	for _, p := range pages {
 		t.Run(filepath.Base(p.path), func(t *testing.T) {
@@ -107,6 +108,226 @@ func configReference() ([]byte, error) {
 		Resumable:  trainer.OperationalKey,
 		Regenerate: regenerateDocs,
 	}.Markdown()
+}
+
+// outputsReference is docs/outputs.md: every file recal writes, each JSON
+// one described from the Go type encoded into it.
+func outputsReference() docgen.OutputsPage {
+	return docgen.OutputsPage{
+		Root:       "../..",
+		Regenerate: regenerateDocs,
+		Notes:      outputNotes,
+		Intro: "What recal writes, folder by folder: the run folder of `recal train`, the results of `recal eval` and `recal table1`, the study folder of `recal ablate`, the outcome matrix and fitted routers of `recal collect` and `recal fit`, the SFT-direct checkpoint, and `recal serve`'s trace. " +
+			"JSON Lines files (`.jsonl`) hold one JSON object per line and are appended to as the work goes; JSON files are written whole, atomically (a temporary file renamed into place). " +
+			"Every float is a JSON number; every key of an object of numbers is a name (a reward component, a dataset, a pool model). " +
+			"How the numbers are computed is in [method.md](method.md); where the files are read back: `--resume`, `recal plot`, `calibration/testdata/reference.py check RUN_DIR`.",
+		Sections: []docgen.OutputSection{
+			{Title: "The run folder (recal train)", About: "`recal train --run-dir RUN_DIR` writes these; `recal ablate` writes one per variant and seed (`RUN_DIR/seed-N/<variant>/`). Only rank 0 writes, with any number of ranks. The folder is created only after the configuration, data, pool keys and policy have loaded.",
+				Files: []docgen.OutputFile{
+					{Path: "RUN_DIR/config.toml", About: "The resolved configuration, every key (the format of `recal.toml`, [config.md](config.md)); API keys are never in it, only the names of their environment variables. A resume never replaces it."},
+					{Path: "RUN_DIR/config-STEP.toml", About: "Written by `--resume --allow-config-change`: the configuration from step STEP on."},
+					{Path: "RUN_DIR/config-changes.jsonl", About: "One line per resume that changed keys (`--allow-config-change`), so that each step can be recomputed with the settings it ran with.", Pkg: "trainer", Type: "configChangeEvent"},
+					{Path: "RUN_DIR/sft.jsonl", About: "One line per logged supervised warm-up step (`[sft]`).", Pkg: "trainer", Type: "sftLine"},
+					{Path: "RUN_DIR/metrics.jsonl", About: "One line per GRPO (or PPO) step: means over the step's responses. `recal plot` draws it.", Pkg: "trainer", Type: "Metrics"},
+					{Path: "RUN_DIR/rollouts.jsonl", About: "One line per response of every GRPO step: its raw rewards before gating and the exact advantage the loss used (`reference.py check` recomputes them), the response and its pool calls. `recal eval`'s `knn` router learns from it.", Pkg: "trainer", Type: "rolloutLine"},
+					{Path: "RUN_DIR/validation.jsonl", About: "One line per validation (every `train.validate_every` steps) on the held-out training questions.", Pkg: "trainer", Type: "ValidationResult"},
+					{Path: "RUN_DIR/checkpoints/step-N/", About: "A checkpoint: a Hugging Face folder (`config.json`, `model.safetensors`, `generation_config.json`, the tokenizer files) that transformers and vLLM load, plus `optimizer.safetensors` (AdamW's moments and step), `value_head.safetensors` (PPO only) and `trainer_state.json` (below). Written into a hidden folder, fsynced and renamed. `checkpoints/sft` is the warm-up's last step; `checkpoints/last` is a symlink to the newest, switched atomically."},
+					{Path: "RUN_DIR/checkpoints/step-N/trainer_state.json", About: "What `--resume` needs besides the weights: the step, the data order, the routing counts of the balance reward.", Pkg: "trainer", Type: "State"},
+					{Path: "RUN_DIR/checkpoints/best.json", About: "With `train.keep_best`: the validation with the highest well-formed F1 so far; `checkpoints/best` is a symlink to its checkpoint. `recal eval --checkpoint RUN_DIR` evaluates it.", Pkg: "trainer", Type: "bestCheckpoint"},
+					{Path: "RUN_DIR/.lock", About: "The `flock` that keeps a second process out of the run folder (the kernel drops it when its process ends)."},
+					{Path: "RUN_DIR/plots/", About: "Written by `recal plot RUN_DIR`: the curves of `metrics.jsonl` and `validation.jsonl` as PNG and SVG."},
+				}},
+			{Title: "Evaluation (recal eval, recal table1)", About: "`recal eval --out DIR` (default: `eval-<split>` in the checkpoint's run folder) writes these; rerun with the same `--out`, it finishes an interrupted evaluation. `recal table1 --work DIR` writes one folder per row under `DIR/eval-<split>/` and the table beside them.",
+				Files: []docgen.OutputFile{
+					{Path: "DIR/results-ROUTER.jsonl", About: "One line per question a router answered. Kept only for the same inputs: results of other inputs are moved aside as `results-ROUTER.<id>.jsonl`.", Pkg: "trainer", Type: "QuestionResult"},
+					{Path: "DIR/results-ROUTER.id.json", About: "The identity of the results beside it: the digest of everything that decides the answers (the checkpoint's files, the pool, the protocol, the router's own inputs).", Pkg: "eval", Type: "identity"},
+					{Path: "DIR/table.json", About: "The table, routers as rows and datasets as columns; `table.csv` and `table.md` hold the same numbers.", Pkg: "eval", Type: "Table"},
+					{Path: "WORK/eval-SPLIT/table.json", About: "`recal table1`'s table, the paper's rows in the paper's groups; with `table.csv` and `table.md`.", Pkg: "eval", Type: "PaperTable"},
+				}},
+			{Title: "The ablation study (recal ablate)", About: "`recal ablate --run-dir RUN_DIR` trains `RUN_DIR/seed-N/warmup` and `RUN_DIR/seed-N/<variant>` (run folders as above) and writes the table beside them.",
+				Files: []docgen.OutputFile{
+					{Path: "RUN_DIR/ablation.json", About: "The table: per variant the mean and sample standard deviation over seeds of each column, and every seed's value. `ablation.csv` has a line per (variant, column) with every seed's value; `ablation.md` is the printed table; `ablation_reward.png` and `.svg` the answer reward per variant.", Pkg: "ablate", Type: "Table"},
+				}},
+			{Title: "Fitted baseline routers (recal collect, recal fit)", Files: []docgen.OutputFile{
+				{Path: "OUT/outcomes.jsonl", About: "`recal collect --out OUT`: one line per (training question, pool model) asked directly.", Pkg: "baselines", Type: "Outcome"},
+				{Path: "OUT/pool.json", About: "The pool the outcomes come from (a folder of another pool is refused).", Pkg: "baselines", Type: "PoolInfo"},
+				{Path: "ROUTERS/NAME/manifest.json", About: "`recal fit --router-dir ROUTERS`: what a fitted router is, beside its `weights.safetensors` and `embedding-state.json`. The same seed writes the same bytes.", Pkg: "baselines", Type: "Manifest"},
+			}},
+			{Title: "SFT-direct (recal train-sft-direct)", Files: []docgen.OutputFile{
+				{Path: "OUT/sft-direct.json", About: "In the Hugging Face folder `recal train-sft-direct --out OUT` writes: what decides the checkpoint, so that it is reused only for the same inputs.", Pkg: "trainer", Type: "SFTDirectSpec"},
+			}},
+			{Title: "Serving (recal serve)", Files: []docgen.OutputFile{
+				{Path: "--trace FILE", About: "One line per admitted request, with the field names of `rollouts.jsonl`'s per-response records. Questions and answers are in it (unlike the access log); API keys never are.", Pkg: "serve", Type: "TraceLine"},
+			}},
+		},
+	}
+}
+
+// outputNotes say what the fields of the output types mean where the code
+// gives them no doc comment (docgen refuses a note for a field the code
+// documents, and one for a field no file has).
+var outputNotes = map[string]string{
+	"trainer.configChangeEvent.From":    "the checkpoint the resume continued from (step-N)",
+	"trainer.configChangeEvent.Changes": "the keys that changed",
+	"trainer.ConfigChange.Key":          "the dotted configuration key",
+	"trainer.ConfigChange.Old":          "its value before the resume",
+	"trainer.ConfigChange.New":          "its value from this step on",
+
+	"trainer.sftLine.Stage": `"sft" (the warm-up of recal train) or "sft-direct" (recal train-sft-direct)`,
+	"trainer.sftLine.Step":  "the supervised step, from 1",
+	"trainer.sftLine.Demos": "demonstrations in the step",
+
+	"trainer.Metrics.Step":         "the GRPO step, from 1",
+	"trainer.Metrics.EM":           "mean exact match of the step's answers",
+	"trainer.Metrics.Advantage":    "standard deviation (population) of the step's calibrated advantages",
+	"trainer.Metrics.Ratio":        "mean probability ratio π/π_old over policy tokens",
+	"trainer.Metrics.Loss":         "the loss of the step's updates",
+	"trainer.Metrics.StepTime":     "wall time of the step in seconds",
+	"trainer.Metrics.PolicyTokens": "policy tokens in the step's responses (the loss's tokens)",
+	"trainer.Metrics.PoolFailures": "pool calls of the step that failed after the pool's retries",
+	"trainer.Metrics.WellFormed":   "share of well-formed responses (= reward.format)",
+
+	"trainer.rolloutLine.Step":       "the GRPO step",
+	"trainer.rolloutLine.Dataset":    "the question's dataset",
+	"trainer.rolloutLine.Group":      "the question's index in the step's batch",
+	"trainer.rolloutLine.Sample":     "the response's index in its group (0 to train.group_size − 1)",
+	"trainer.rolloutLine.QuestionID": "the question's id, <dataset>/<source id>",
+	"trainer.rolloutLine.Question":   "the question",
+	"trainer.rolloutLine.Golden":     "its golden answers",
+	"trainer.rolloutLine.RewardsRaw": "the five raw reward components (ans, info, format, route, balance) before gating",
+	"trainer.rolloutLine.EM":         "exact match of the answer (logged, not a component)",
+	"trainer.rolloutLine.Advantage":  "the calibrated advantage Â the loss used for every policy token of the response",
+	"trainer.rolloutLine.Response":   "the whole response: the policy's text with the <information> blocks the environment inserted",
+	"trainer.rolloutLine.Calls":      "the pool calls, in order",
+	"trainer.rolloutLine.End":        `why the response ended: "answer", "eos", "length", "final", "context" or "information"`,
+	"trainer.rolloutLine.Tokens":     "tokens the policy wrote (inserted blocks excluded)",
+
+	"router.Call.Query":   "the sub-query the policy wrote after the model's name",
+	"router.Call.Failed":  "the call failed after the pool's retries; reply holds the failure text the policy saw",
+	"router.Call.Cached":  "the reply came from the pool's cache (no cost)",
+	"router.Call.Cost":    "the call's cost in USD at list prices",
+	"router.Call.Latency": "the call's wall time, retries included",
+	"router.Call.Turn":    "the call's position among the response's calls, from 0",
+
+	"trainer.ValidationResult.Step":     "the GRPO step after which the validation ran",
+	"trainer.ValidationResult.Datasets": "the score per validation dataset",
+	"trainer.Score.EM":                  "mean exact match",
+	"trainer.Score.F1":                  "mean token F1",
+	"trainer.Score.N":                   "questions scored",
+	"trainer.Score.Calls":               "pool calls per question",
+	"trainer.Score.Cost":                "mean pool cost per question, USD",
+	"trainer.Score.WellFormed":          "share of well-formed responses",
+
+	"trainer.State.Step":    "the last GRPO step the checkpoint includes (0 after the warm-up)",
+	"trainer.State.SFTDone": "the supervised warm-up has finished",
+	"trainer.State.Sampler": "the position in the training data's shuffled order",
+	"trainer.State.Config":  "unused (never written by this version)",
+	"trainer.State.Extra":   "unused (never written by this version)",
+
+	"trainer.bestCheckpoint.Step":       "the step of the best validation",
+	"trainer.bestCheckpoint.EM":         "its mean exact match",
+	"trainer.bestCheckpoint.WellFormed": "its share of well-formed responses",
+
+	"trainer.QuestionResult.ID":         "the question's id",
+	"trainer.QuestionResult.Dataset":    "its dataset",
+	"trainer.QuestionResult.Question":   "the question",
+	"trainer.QuestionResult.Golden":     "its golden answers",
+	"trainer.QuestionResult.Answer":     "the router's answer (the last <answer>; \"\" when none)",
+	"trainer.QuestionResult.EM":         "exact match against the golden answers",
+	"trainer.QuestionResult.F1":         "token F1 against the golden answers",
+	"trainer.QuestionResult.WellFormed": "the response is well formed",
+	"trainer.QuestionResult.Calls":      "the pool calls, in order",
+	"trainer.QuestionResult.Cost":       "the calls' cost in USD",
+	"trainer.QuestionResult.Response":   "the whole response, with the inserted <information> blocks",
+
+	"eval.identity.Router": "the router's name",
+	"eval.identity.Inputs": "each input the router's answers depend on, by name (checkpoint digest, pool, protocol, …)",
+	"eval.Table.Datasets":  "the datasets, as the table's columns",
+	"eval.Table.Rows":      "one row per router, in the order evaluated",
+	"eval.Row.Router":      "the router's name",
+	"eval.Row.Datasets":    "its score per dataset",
+
+	"eval.PaperTable.Split":    `the test split evaluated ("all", "id", "ood")`,
+	"eval.PaperTable.Datasets": "the datasets, as the table's columns",
+	"eval.PaperTable.Rows":     "the paper's rows, in its order",
+	"eval.PaperRow.Group":      "the paper's group of the row (no routing; heuristic and discriminative routing; RL-based routing)",
+	"eval.PaperRow.Label":      "the paper's name of the row",
+	"eval.PaperRow.Router":     "the registered router that made the row",
+	"eval.PaperRow.Scores":     "the row's scores, as a row of table.json (absent for a row not run)",
+
+	"ablate.Table.Datasets": "the test datasets",
+	"ablate.Table.Seeds":    "the seeds the study trained",
+	"ablate.Table.Std":      "which standard deviation the table's ± is",
+	"ablate.Table.Rows":     "one row per variant, in the paper's order (w/o both, w/o LSC, w/o CAE, w/o DAO, ReCal)",
+	"ablate.Variant.Name":   "the variant's name (recal, wo_lsc, wo_cae, wo_dao, wo_both; its run folder)",
+	"ablate.Variant.Label":  "the paper's label",
+	"ablate.Stat.Mean":      "the mean over seeds",
+	"ablate.Stat.Std":       "the sample standard deviation over seeds (0 with one seed)",
+	"ablate.Stat.N":         "the seeds averaged",
+	"ablate.Row.PerSeed":    "each seed's values",
+	"ablate.SeedRow.Seed":   "the seed",
+	"ablate.SeedRow.Values": "exact match per column (datasets and averages)",
+
+	"baselines.Outcome.Dataset":       "the question's dataset",
+	"baselines.Outcome.Question":      "the question",
+	"baselines.Outcome.Golden":        "its golden answers",
+	"baselines.Outcome.Model":         "the pool model asked",
+	"baselines.Outcome.Reply":         "the model's whole reply",
+	"baselines.Outcome.Cached":        "the reply came from the pool's cache",
+	"baselines.PoolInfo.Version":      "the format of this file",
+	"baselines.ModelInfo.Name":        "the pool model's name",
+	"baselines.ModelInfo.Description": "its description in the pool",
+	"baselines.ModelInfo.Provider":    `its provider ("openai", "sim")`,
+	"baselines.Manifest.Router":       "the router (mlp, routellm-mf, routerdc, graphrouter)",
+	"baselines.Manifest.Format":       "the format of the folder",
+	"baselines.Manifest.Seed":         "the seed of the fit (recal fit --seed)",
+	"baselines.RoutedModel.Name":      "the pool model's name",
+	"baselines.MatrixRef.Digest":      "the outcome matrix's digest",
+	"baselines.MatrixRef.Pool":        "the pool's identity (pool.json's id)",
+	"baselines.MatrixRef.Questions":   "questions in the matrix",
+	"baselines.MatrixRef.Datasets":    "questions per dataset",
+
+	"trainer.SFTDirectSpec.Version":      "the version of the demonstrations (a new one refits)",
+	"trainer.SFTDirectSpec.DType":        "policy.dtype",
+	"trainer.SFTDirectSpec.BatchSize":    "sft.batch_size",
+	"trainer.SFTDirectSpec.LR":           "sft.lr",
+	"trainer.SFTDirectSpec.AnswerWeight": "sft.answer_weight",
+	"trainer.SFTDirectSpec.Seed":         "train.seed",
+	"trainer.SFTDirectSpec.Beta1":        "train.beta1",
+	"trainer.SFTDirectSpec.Beta2":        "train.beta2",
+	"trainer.SFTDirectSpec.AdamEps":      "train.adam_eps",
+	"trainer.SFTDirectSpec.WeightDecay":  "train.weight_decay",
+	"trainer.SFTDirectSpec.MaxGradNorm":  "train.max_grad_norm",
+	"trainer.SFTDirectSpec.MicroBatch":   "train.micro_batch",
+
+	"serve.TraceLine.Time":      "when the request arrived (UTC)",
+	"serve.TraceLine.RequestID": "the request's id (X-Request-Id)",
+	"serve.TraceLine.Model":     "the router's model id",
+	"serve.TraceLine.User":      "the request's user field",
+	"serve.TraceLine.Question":  "the question (the last user message)",
+	"serve.TraceLine.Answer":    "the answer returned (the last <answer>)",
+	"serve.TraceLine.Response":  "the router's whole output, with the <information> blocks",
+	"serve.TraceLine.Calls":     "the pool calls, in order",
+	"serve.TraceLine.End":       `why the router stopped: "answer", "eos", "length", "final", …`,
+	"serve.TraceLine.Tokens":    "tokens the policy wrote",
+	"serve.TraceLine.Usage":     "the policy's and the pool's tokens",
+	"serve.TraceLine.CostUSD":   "the pool calls' cost in USD at list prices",
+	"serve.TraceLine.Status":    "the HTTP status returned",
+	"serve.TraceLine.Error":     "the error returned, if any",
+	"serve.TraceLine.LatencyMS": "the request's wall time in milliseconds",
+	"serve.TraceLine.Request":   "the request's settings",
+
+	"serve.recalUsage.PolicyPromptTokens":     "prompt tokens the policy read",
+	"serve.recalUsage.PolicyCompletionTokens": "tokens the policy wrote",
+	"serve.recalUsage.PoolPromptTokens":       "prompt tokens of the pool calls",
+	"serve.recalUsage.PoolCompletionTokens":   "completion tokens of the pool calls",
+	"serve.traceRequest.Models":               "recal.models: the pool models the router could call",
+	"serve.traceRequest.MaxTurns":             "recal.max_turns",
+	"serve.traceRequest.MaxCostUSD":           "recal.max_cost_usd",
+	"serve.traceRequest.Temperature":          "temperature",
+	"serve.traceRequest.TopP":                 "top_p",
+	"serve.traceRequest.MaxTokens":            "max_tokens (or max_completion_tokens)",
+	"serve.traceRequest.Stream":               "stream",
 }
 
 // parseConfigFile loads a configuration file as written: relative paths

@@ -1,0 +1,3 @@
+module example.com/outmod
+
+go 1.26
