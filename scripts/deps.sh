@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what recal needs and is missing, idempotently: Debian's libtorch
 # (CPU), Gloo's headers and OpenBLAS for building and running, python3-torch
-# and numpy for the reference scripts and benchmarks. With LIBTORCH set to
+# and numpy for the reference scripts and benchmarks, curl for the README's
+# serving example. With LIBTORCH set to
 # another libtorch, only the Python side is checked.
 set -euo pipefail
 pkgs=()
@@ -13,6 +14,7 @@ if [ -z "${LIBTORCH:-}" ]; then
 fi
 need python3-torch
 need python3-numpy
+need curl  # the README's serving example, which make test runs (scripts/readme-check.sh)
 if [ ${#pkgs[@]} -eq 0 ]; then exit 0; fi
 echo "deps: installing ${pkgs[*]}" >&2
 SUDO=""
