@@ -3,7 +3,7 @@
 # (CPU), Gloo's headers and OpenBLAS for building and running, python3-torch
 # and numpy for the reference scripts and benchmarks, curl for the README's
 # serving example. With LIBTORCH set to
-# another libtorch, only the Python side is checked.
+# another libtorch, only the Python side and curl are checked.
 set -euo pipefail
 pkgs=()
 need() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed" || pkgs+=("$1"); }
