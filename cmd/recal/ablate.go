@@ -18,6 +18,7 @@ import (
 	"github.com/recal-project/recal/eval"
 	"github.com/recal-project/recal/internal/runlock"
 	"github.com/recal-project/recal/plot"
+	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/torchbridge"
 	"github.com/recal-project/recal/trainer"
 )
@@ -291,17 +292,17 @@ func ablationRun(ctx context.Context, vc config.Config, dir, warm string, log *s
 	return true, trainer.Train(ctx, vc, trainer.Options{RunDir: dir, Resume: true, Log: log})
 }
 
-// ablationEval evaluates a variant's policy (trainer.ResolveCheckpoint:
+// ablationEval evaluates a variant's policy (rollout.ResolveCheckpoint:
 // checkpoints/best, else checkpoints/last) on qs into dir/eval-<split>;
 // results of the same checkpoint and inputs are reused (eval.Run). It
 // returns the exact match per dataset and the datasets in table order.
 func ablationEval(ctx context.Context, vc config.Config, dir, split string, qs []data.Example, log *slog.Logger,
 	progress func(string, int, int)) (map[string]float64, []string, error) {
-	ck, _, err := trainer.ResolveCheckpoint(dir)
+	ck, _, err := rollout.ResolveCheckpoint(dir)
 	if err != nil {
 		return nil, nil, fmt.Errorf("ablate: %w", err)
 	}
-	eng, err := trainer.OpenEngine(ck, torchbridge.Options{Device: vc.Policy.Device, DType: vc.Policy.DType})
+	eng, err := rollout.OpenEngine(ck, torchbridge.Options{Device: vc.Policy.Device, DType: vc.Policy.DType})
 	if err != nil {
 		return nil, nil, fmt.Errorf("ablate: checkpoint %s: %w", ck, err)
 	}
@@ -310,7 +311,7 @@ func ablationEval(ctx context.Context, vc config.Config, dir, split string, qs [
 	if err != nil {
 		return nil, nil, err
 	}
-	env, err := trainer.NewEnv(vc, eng, trainer.AnswerBank(train, val, qs), log)
+	env, err := rollout.NewEnv(vc, eng, rollout.AnswerBank(train, val, qs), log)
 	if err != nil {
 		return nil, nil, err
 	}

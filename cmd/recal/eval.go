@@ -15,6 +15,7 @@ import (
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/dist"
 	"github.com/recal-project/recal/eval"
+	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/torchbridge"
 	"github.com/recal-project/recal/trainer"
 )
@@ -119,7 +120,7 @@ func evalSetup(cmd *cli.Command, cfg config.Config, checkpoint string, qs []data
 			return eval.Setup{}, nil, usageError{fmt.Errorf("%s: %w", p, err)}
 		}
 	}
-	eng, err := trainer.OpenEngine(checkpoint, torchbridge.Options{Device: cfg.Policy.Device, DType: cfg.Policy.DType})
+	eng, err := rollout.OpenEngine(checkpoint, torchbridge.Options{Device: cfg.Policy.Device, DType: cfg.Policy.DType})
 	if err != nil {
 		return eval.Setup{}, nil, fmt.Errorf("checkpoint %s is not a policy: %w", checkpoint, err)
 	}
@@ -128,7 +129,7 @@ func evalSetup(cmd *cli.Command, cfg config.Config, checkpoint string, qs []data
 		eng.Close()
 		return eval.Setup{}, nil, err
 	}
-	env, err := trainer.NewEnv(cfg, eng, trainer.AnswerBank(train, val, qs), slog.Default())
+	env, err := rollout.NewEnv(cfg, eng, rollout.AnswerBank(train, val, qs), slog.Default())
 	if err != nil {
 		eng.Close()
 		return eval.Setup{}, nil, err
@@ -161,7 +162,7 @@ func runEval(ctx context.Context, cmd *cli.Command) error {
 		}
 	}
 	// A run folder stands for its best checkpoint (train.keep_best), else its last.
-	ck, which, err := trainer.ResolveCheckpoint(cmd.String("checkpoint"))
+	ck, which, err := rollout.ResolveCheckpoint(cmd.String("checkpoint"))
 	if err != nil {
 		return usageError{fmt.Errorf("--checkpoint: %w", err)}
 	}
@@ -261,7 +262,7 @@ func setThreadsFrom(cmd *cli.Command, configured int) error {
 	if cmd.Root().IsSet("threads") {
 		threads = int(cmd.Root().Int("threads"))
 	}
-	return trainer.SetThreads(threads)
+	return rollout.SetThreads(threads)
 }
 
 func splitList(s string) []string {

@@ -17,6 +17,7 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/recal-project/recal/dist"
+	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/torchbridge"
 	"github.com/recal-project/recal/trainer"
 )
@@ -87,7 +88,7 @@ func rankThreads(cmd *cli.Command, configured int, l dist.Launch) error {
 	if l.Distributed() {
 		configured = trainer.Threads(configured, trainer.LocalWorldSize())
 	}
-	return trainer.SetThreads(configured)
+	return rollout.SetThreads(configured)
 }
 
 // launchLocal runs n ranks of this command line (less --nproc) on this

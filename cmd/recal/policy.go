@@ -18,6 +18,7 @@ import (
 
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/internal/hfmodel"
+	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/tokenizer"
 	"github.com/recal-project/recal/torchbridge"
 	"github.com/recal-project/recal/trainer"
@@ -93,7 +94,7 @@ func runPolicyInit(ctx context.Context, cmd *cli.Command) error {
 		eos = append(eos, int64(id))
 	}
 	cfg.EOSTokenIDs = eos
-	if err := trainer.SetThreads(int(cmd.Root().Int("threads"))); err != nil {
+	if err := rollout.SetThreads(int(cmd.Root().Int("threads"))); err != nil {
 		return err
 	}
 	p, err := torchbridge.NewPolicy(cfg, torchbridge.Options{})

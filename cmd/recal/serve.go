@@ -16,9 +16,9 @@ import (
 
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/eval"
+	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/serve"
 	"github.com/recal-project/recal/torchbridge"
-	"github.com/recal-project/recal/trainer"
 )
 
 func serveCommand() *cli.Command {
@@ -82,7 +82,7 @@ func runServe(ctx context.Context, cmd *cli.Command) error {
 	// A run folder stands for its best checkpoint (train.keep_best), else
 	// its last, as in recal eval; the router's id keeps the name given.
 	name := routerName(cmd.String("checkpoint"))
-	ck, which, err := trainer.ResolveCheckpoint(cmd.String("checkpoint"))
+	ck, which, err := rollout.ResolveCheckpoint(cmd.String("checkpoint"))
 	if err != nil {
 		return usageError{fmt.Errorf("--checkpoint: %w", err)}
 	}
@@ -97,7 +97,7 @@ func runServe(ctx context.Context, cmd *cli.Command) error {
 		return usageError{err}
 	}
 	// The pool's API-key variables are read now, before the port is taken.
-	if err := trainer.CheckPool(cfg); err != nil {
+	if err := rollout.CheckPool(cfg); err != nil {
 		return err
 	}
 	var trace io.Writer
@@ -126,12 +126,12 @@ func runServe(ctx context.Context, cmd *cli.Command) error {
 	if err := setThreadsFrom(cmd, decodingThreads(cfg.Policy)); err != nil {
 		return err
 	}
-	eng, err := trainer.OpenEngine(ck, torchbridge.Options{Device: cfg.Policy.Device, DType: cfg.Policy.DType})
+	eng, err := rollout.OpenEngine(ck, torchbridge.Options{Device: cfg.Policy.Device, DType: cfg.Policy.DType})
 	if err != nil {
 		return fmt.Errorf("checkpoint %s is not a policy: %w", ck, err)
 	}
 	defer eng.Close()
-	env, err := trainer.NewEnv(cfg, eng, nil, slog.Default())
+	env, err := rollout.NewEnv(cfg, eng, nil, slog.Default())
 	if err != nil {
 		return err
 	}
@@ -194,16 +194,16 @@ func runServe(ctx context.Context, cmd *cli.Command) error {
 	return nil
 }
 
-// serviceBackend adapts trainer.Service to serve.Backend.
-type serviceBackend struct{ s *trainer.Service }
+// serviceBackend adapts rollout.Service to serve.Backend.
+type serviceBackend struct{ s *rollout.Service }
 
 func (b serviceBackend) Stats() (int, int) { return b.s.Stats() }
 
 func (b serviceBackend) Answer(ctx context.Context, q serve.Query) (serve.Result, error) {
-	a, err := b.s.Answer(ctx, trainer.ServiceQuery{Question: q.Question, Models: q.Models, MaxTurns: q.MaxTurns,
+	a, err := b.s.Answer(ctx, rollout.ServiceQuery{Question: q.Question, Models: q.Models, MaxTurns: q.MaxTurns,
 		MaxCostUSD: q.MaxCostUSD, Sampling: q.Sampling, MaxTokens: q.MaxTokens, OnCall: q.OnCall})
-	if errors.Is(err, trainer.ErrInvalidQuery) {
-		return serve.Result{}, fmt.Errorf("%w: %s", serve.ErrInvalidQuery, strings.TrimPrefix(err.Error(), trainer.ErrInvalidQuery.Error()+": "))
+	if errors.Is(err, rollout.ErrInvalidQuery) {
+		return serve.Result{}, fmt.Errorf("%w: %s", serve.ErrInvalidQuery, strings.TrimPrefix(err.Error(), rollout.ErrInvalidQuery.Error()+": "))
 	}
 	if err != nil {
 		return serve.Result{}, err

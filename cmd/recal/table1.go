@@ -17,11 +17,13 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/recal-project/recal/baselines"
+	"github.com/recal-project/recal/baselines/sftdirect"
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/eval"
 	"github.com/recal-project/recal/internal/hfmodel"
 	"github.com/recal-project/recal/llmpool"
+	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/torchbridge"
 	"github.com/recal-project/recal/trainer"
 )
@@ -160,7 +162,7 @@ func runTable1(ctx context.Context, cfg config.Config, o table1Options) (eval.Pa
 	// for its checkpoints/best (else last), a checkpoint folder
 	// (RUN/checkpoints/X) for itself.
 	recalRun := filepath.Dir(filepath.Dir(filepath.Clean(o.Checkpoint)))
-	ck, which, err := trainer.ResolveCheckpoint(o.Checkpoint)
+	ck, which, err := rollout.ResolveCheckpoint(o.Checkpoint)
 	if err != nil {
 		return eval.PaperTable{}, rep, fmt.Errorf("table1: --checkpoint: %w", err)
 	}
@@ -218,17 +220,17 @@ func runTable1(ctx context.Context, cfg config.Config, o table1Options) (eval.Pa
 			return err
 		}
 		opt.Log = o.Log
-		spec, err := trainer.SFTDirectSpecOf(cfg, opt)
+		spec, err := sftdirect.SpecOf(cfg, opt)
 		if err != nil {
 			return err
 		}
-		ok, err := trainer.SFTDirectReady(sftDir, spec)
+		ok, err := sftdirect.Ready(sftDir, spec)
 		if err != nil || ok {
 			return err
 		}
 		o.Log.Info("table1: training the SFT-direct checkpoint", "out", sftDir, "steps", spec.Steps)
 		rep.Made = append(rep.Made, "sft-direct")
-		return trainer.TrainSFTDirect(ctx, cfg, opt)
+		return sftdirect.Train(ctx, cfg, opt)
 	}); err != nil {
 		return eval.PaperTable{}, rep, err
 	}
@@ -317,10 +319,10 @@ func runTable1(ctx context.Context, cfg config.Config, o table1Options) (eval.Pa
 // rows run: policy.checkpoint for the base policy, recal (--checkpoint,
 // already resolved) for ReCal and the direct routers, and for Router-R1 its
 // run r1Dir resolved by the same rule as --checkpoint
-// (trainer.ResolveCheckpoint: checkpoints/best, else checkpoints/last), so
+// (rollout.ResolveCheckpoint: checkpoints/best, else checkpoints/last), so
 // that neither RL row is evaluated at another point of its run.
 func table1Policies(cfg config.Config, recal, r1Dir string, log *slog.Logger) (map[string]string, error) {
-	r1, which, err := trainer.ResolveCheckpoint(r1Dir)
+	r1, which, err := rollout.ResolveCheckpoint(r1Dir)
 	if err != nil {
 		return nil, fmt.Errorf("table1: router-r1: %w", err)
 	}
@@ -337,7 +339,7 @@ type table1Setup struct {
 
 // openTable1Setup opens checkpoint ck and a pool for evaluating qs.
 func openTable1Setup(cfg config.Config, ck string, qs []data.Example, o table1Options) (*table1Setup, error) {
-	eng, err := trainer.OpenEngine(ck, torchbridge.Options{Device: cfg.Policy.Device, DType: cfg.Policy.DType})
+	eng, err := rollout.OpenEngine(ck, torchbridge.Options{Device: cfg.Policy.Device, DType: cfg.Policy.DType})
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint %s is not a policy: %w", ck, err)
 	}
@@ -346,7 +348,7 @@ func openTable1Setup(cfg config.Config, ck string, qs []data.Example, o table1Op
 		eng.Close()
 		return nil, err
 	}
-	env, err := trainer.NewEnv(cfg, eng, trainer.AnswerBank(train, val, qs), o.Log)
+	env, err := rollout.NewEnv(cfg, eng, rollout.AnswerBank(train, val, qs), o.Log)
 	if err != nil {
 		eng.Close()
 		return nil, err
@@ -371,7 +373,7 @@ func table1Collect(ctx context.Context, cfg config.Config, dir string, log *slog
 	if err != nil {
 		return 0, 0, err
 	}
-	bank := trainer.AnswerBank(full, val)
+	bank := rollout.AnswerBank(full, val)
 	pool, err := llmpool.New(cfg.Pool, llmpool.WithLogger(log), llmpool.WithAnswerBank(bank))
 	if err != nil {
 		return 0, 0, err

@@ -10,7 +10,7 @@ import (
 
 // The Router-R1 row runs its run's checkpoints/best where there is one,
 // else checkpoints/last: the rule --checkpoint's run is resolved by for the
-// ReCal row (trainer.ResolveCheckpoint), so that neither RL row is
+// ReCal row (rollout.ResolveCheckpoint), so that neither RL row is
 // evaluated at another point of its run than the other's rule picks.
 func TestTable1PoliciesResolveBothRLRowsAlike(t *testing.T) {
 	cfg := table1Config(t)

@@ -8,23 +8,23 @@ import (
 	"testing"
 
 	"github.com/recal-project/recal/config"
+	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/torchbridge"
-	"github.com/recal-project/recal/trainer"
 )
 
 // Open loads checkpoint ck on the CPU (2 threads) with cfg's pool and
 // protocol; both are closed when the test ends.
-func Open(t testing.TB, ck string, cfg config.Config) *trainer.Env {
+func Open(t testing.TB, ck string, cfg config.Config) *rollout.Env {
 	t.Helper()
-	if err := trainer.SetThreads(2); err != nil {
+	if err := rollout.SetThreads(2); err != nil {
 		t.Fatal(err)
 	}
-	eng, err := trainer.OpenEngine(ck, torchbridge.Options{Device: "cpu", DType: "float32"})
+	eng, err := rollout.OpenEngine(ck, torchbridge.Options{Device: "cpu", DType: "float32"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { eng.Close() })
-	env, err := trainer.NewEnv(cfg, eng, nil, nil)
+	env, err := rollout.NewEnv(cfg, eng, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

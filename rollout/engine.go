@@ -1,8 +1,4 @@
-// Package trainer runs the policy: GRPO training with ReCal's calibrated
-// advantages, the supervised format warm-up, validation and evaluation. It
-// wires the pure-Go parts (router, calibration, llmpool, data) to the policy
-// engine in torchbridge.
-package trainer
+package rollout
 
 import (
 	"context"
