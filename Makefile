@@ -68,8 +68,9 @@ INIT := runs/init/tiny/model.safetensors
 # relinks, never leaving a stale binary or test.
 GOENV = CGO_CFLAGS="-O2 -DRECAL_LIB=$$(sha1sum $(LIB) | cut -c1-16)" CGO_LDFLAGS="$(TORCH_LDFLAGS)"
 
-# Pure-Go packages: they build and test without cgo or libtorch.
-PURE_PKGS := $(foreach d,internal/hfmodel internal/docgen internal/httpretry internal/diskcache config generate tokenizer data llmpool router calibration plot dist serve embed baselines ablate,$(if $(wildcard $(d)),./$(d)/...))
+# Pure-Go packages: they build and test without cgo or libtorch. baselines
+# is listed without its sub-packages: baselines/sftdirect trains a policy.
+PURE_PKGS := $(foreach d,internal/hfmodel internal/docgen internal/httpretry internal/diskcache config generate tokenizer data llmpool router calibration plot dist serve embed,$(if $(wildcard $(d)),./$(d)/...)) ./baselines
 
 .PHONY: all build lib deps test test-kernels test-pure fuzz bench train clean fixtures e2e-serve docs
 
@@ -107,7 +108,7 @@ build: lib
 # where the concurrency lives (pool fan-out, rollout engine, server; about
 # 2 minutes on 2 cores). baselines is left out of the race run: its fitting
 # starts no goroutine, and its learning tests take many minutes under -race.
-RACE_PKGS := $(filter-out ./baselines/...,$(PURE_PKGS))
+RACE_PKGS := $(filter-out ./baselines,$(PURE_PKGS))
 test: lib
 	CGO_ENABLED=0 $(GO) vet $(PURE_PKGS)
 	CGO_ENABLED=0 $(GO) build $(PURE_PKGS)
