@@ -2,23 +2,18 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
-	"slices"
-	"strings"
 
 	"github.com/urfave/cli/v3"
 
 	"github.com/recal-project/recal/config"
-	"github.com/recal-project/recal/eval"
 	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/serve"
-	"github.com/recal-project/recal/torchbridge"
 )
 
 func serveCommand() *cli.Command {
@@ -44,22 +39,6 @@ func serveCommand() *cli.Command {
 // routerName is the model id clients ask for: recal-<checkpoint folder>.
 func routerName(checkpoint string) string {
 	return "recal-" + filepath.Base(filepath.Clean(checkpoint))
-}
-
-// withExtraModels adds the [[models]] of an --extra-models file to the pool.
-func withExtraModels(cfg config.Config, path string) (config.Config, error) {
-	if path == "" {
-		return cfg, nil
-	}
-	extra, err := eval.LoadExtraModels(path)
-	if err != nil {
-		return cfg, usageError{err}
-	}
-	cfg.Pool.Models = append(slices.Clip(cfg.Pool.Models), extra...)
-	if err := cfg.Pool.Validate(); err != nil {
-		return cfg, usageError{fmt.Errorf("%s: %w", path, err)}
-	}
-	return cfg, nil
 }
 
 func runServe(ctx context.Context, cmd *cli.Command) error {
@@ -126,16 +105,11 @@ func runServe(ctx context.Context, cmd *cli.Command) error {
 	if err := setThreadsFrom(cmd, decodingThreads(cfg.Policy)); err != nil {
 		return err
 	}
-	eng, err := rollout.OpenEngine(ck, torchbridge.Options{Device: cfg.Policy.Device, DType: cfg.Policy.DType})
-	if err != nil {
-		return fmt.Errorf("checkpoint %s is not a policy: %w", ck, err)
-	}
-	defer eng.Close()
-	env, err := rollout.NewEnv(cfg, eng, nil, slog.Default())
+	env, closeAll, err := rollout.Open(cfg, ck, nil, slog.Default())
 	if err != nil {
 		return err
 	}
-	defer env.Close()
+	defer closeAll()
 	svc, err := env.NewService(cfg.Serve.MaxBatch, cfg.Serve.MaxSamplings, uint64(cfg.Train.Seed))
 	if err != nil {
 		return err
@@ -146,71 +120,21 @@ func runServe(ctx context.Context, cmd *cli.Command) error {
 		return err
 	}
 
-	// The decode loop runs until the HTTP side has drained; if it stops on
-	// its own (a libtorch error), the server stops too.
-	runCtx, stopRun := context.WithCancel(context.Background())
-	defer stopRun()
-	runDone := make(chan error, 1)
-	go func() { runDone <- svc.Run(runCtx) }()
-	serveCtx, stopServe := context.WithCancel(ctx)
-	defer stopServe()
-	var runErr error
-	ran := make(chan struct{})
-	go func() {
-		defer close(ran)
-		select {
-		case runErr = <-runDone:
-			if runErr == nil {
-				runErr = errors.New("the decode loop stopped")
-			}
-			srv.SetReady(false)
-			stopServe()
-		case <-serveCtx.Done():
-		}
-	}()
-	srv.SetReady(true)
 	url := "http://" + ln.Addr().String() + "/v1"
-	attrs := []any{"url", url, "model", name, "pool", len(env.Pool.Models()), "max_batch", cfg.Serve.MaxBatch,
-		"max_queue", cfg.Serve.MaxQueue, "auth", apiKey != ""}
-	if metricsLn != nil {
-		attrs = append(attrs, "metrics", "http://"+metricsLn.Addr().String()+"/metrics")
-	}
-	slog.Info("serving", attrs...)
-	fmt.Println(url)
-	err = srv.Serve(serveCtx, ln)
-	stopServe()
-	<-ran
-	stopRun()
-	if runErr == nil {
-		runErr = <-runDone
-	}
-	switch {
-	case err != nil:
+	err = srv.Run(ctx, ln, svc.Run, func() {
+		attrs := []any{"url", url, "model", name, "pool", len(env.Pool.Models()), "max_batch", cfg.Serve.MaxBatch,
+			"max_queue", cfg.Serve.MaxQueue, "auth", apiKey != ""}
+		if metricsLn != nil {
+			attrs = append(attrs, "metrics", "http://"+metricsLn.Addr().String()+"/metrics")
+		}
+		slog.Info("serving", attrs...)
+		fmt.Println(url)
+	})
+	if err != nil {
 		return err
-	case runErr != nil && !errors.Is(runErr, context.Canceled):
-		return fmt.Errorf("serve: %w", runErr)
 	}
 	slog.Info("stopped", "url", url)
 	return nil
-}
-
-// serviceBackend adapts rollout.Service to serve.Backend.
-type serviceBackend struct{ s *rollout.Service }
-
-func (b serviceBackend) Stats() (int, int) { return b.s.Stats() }
-
-func (b serviceBackend) Answer(ctx context.Context, q serve.Query) (serve.Result, error) {
-	a, err := b.s.Answer(ctx, rollout.ServiceQuery{Question: q.Question, Models: q.Models, MaxTurns: q.MaxTurns,
-		MaxCostUSD: q.MaxCostUSD, Sampling: q.Sampling, MaxTokens: q.MaxTokens, OnCall: q.OnCall})
-	if errors.Is(err, rollout.ErrInvalidQuery) {
-		return serve.Result{}, fmt.Errorf("%w: %s", serve.ErrInvalidQuery, strings.TrimPrefix(err.Error(), rollout.ErrInvalidQuery.Error()+": "))
-	}
-	if err != nil {
-		return serve.Result{}, err
-	}
-	return serve.Result{Answer: a.Answer, Sample: a.Sample, PolicyPromptTokens: a.PolicyPromptTokens,
-		PolicyCompletionTokens: a.PolicyCompletionTokens, PoolPromptTokens: a.PoolPromptTokens,
-		PoolCompletionTokens: a.PoolCompletionTokens, CostUSD: a.CostUSD}, nil
 }
 
 // dryRunServe is `recal serve --dry-run`: what runServe would load and use.
