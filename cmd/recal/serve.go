@@ -23,8 +23,8 @@ func serveCommand() *cli.Command {
 		Description: "Loads the policy, builds the pool and serves POST /v1/chat/completions (plain and\n" +
 			"streamed), GET /v1/models, /healthz, /readyz and /metrics until SIGINT/SIGTERM, which stop\n" +
 			"accepting, let the requests in flight finish within serve.drain_timeout and exit 0.\n" +
-			"Settings: the [serve] table. Prints the API's base URL on stdout once ready; see the\n" +
-			"README's \"Serving\" section for the request and response fields.",
+			"Settings: the [serve] table. Prints the API's base URL on stdout once ready; see\n" +
+			"docs/serving.md for the request and response fields.",
 		Flags: append(configFlags(),
 			&cli.StringFlag{Name: "checkpoint", Usage: "policy checkpoint folder, or a training run folder for its checkpoints/best (else checkpoints/last) (required); the router's model id is recal-<the folder's name>"},
 			&cli.StringFlag{Name: "addr", Usage: "host:port to listen on (default serve.addr; port 0 picks a free one)"},
