@@ -68,8 +68,9 @@ INIT := runs/init/tiny/model.safetensors
 # relinks, never leaving a stale binary or test.
 GOENV = CGO_CFLAGS="-O2 -DRECAL_LIB=$$(sha1sum $(LIB) | cut -c1-16)" CGO_LDFLAGS="$(TORCH_LDFLAGS)"
 
-# Pure-Go packages: they build and test without cgo or libtorch.
-PURE_PKGS := $(foreach d,internal/hfmodel internal/docgen internal/httpretry internal/diskcache config generate tokenizer data llmpool router calibration plot dist serve embed baselines ablate,$(if $(wildcard $(d)),./$(d)/...))
+# Pure-Go packages: they build and test without cgo or libtorch. baselines
+# is listed without its sub-packages: baselines/sftdirect trains a policy.
+PURE_PKGS := $(foreach d,internal/hfmodel internal/docgen internal/httpretry internal/diskcache config generate tokenizer data llmpool router calibration plot dist serve embed,$(if $(wildcard $(d)),./$(d)/...)) ./baselines
 
 .PHONY: all build lib deps test test-kernels test-pure fuzz bench train clean fixtures e2e-serve docs
 
@@ -109,7 +110,7 @@ build: lib
 # starts no goroutine, and its learning tests take many minutes under -race.
 # Last, every command README.md shows runs as shown, against a short
 # stand-in run (scripts/readme-check.sh, under a minute).
-RACE_PKGS := $(filter-out ./baselines/...,$(PURE_PKGS))
+RACE_PKGS := $(filter-out ./baselines,$(PURE_PKGS))
 test: lib
 	CGO_ENABLED=0 $(GO) vet $(PURE_PKGS)
 	CGO_ENABLED=0 $(GO) build $(PURE_PKGS)
@@ -179,7 +180,7 @@ e2e-serve: lib
 # the minutes this run has. It is made again when what it is trimmed to
 # changes (recal.toml: the pool's names and descriptions; comments do not
 # count) or when the code that writes it changes.
-$(INIT): Makefile recal.toml $(wildcard router/*.tmpl internal/hfmodel/*.go tokenizer/*.go) cmd/recal/policy.go trainer/sft.go | build
+$(INIT): Makefile recal.toml $(wildcard router/*.tmpl internal/hfmodel/*.go tokenizer/*.go policyinit/*.go) trainer/sft.go | build
 	./bin/recal policy init --preset tiny --tokenizer tokenizer/qwen2.5 --out runs/init/tiny --seed 0 \
 		--trim-corpus data/qa --trim-corpus router --trim-corpus recal.toml --trim-vocab 4000 --copy-circuit
 

@@ -1,9 +1,10 @@
-// Package ablate holds the pure-Go parts of `recal ablate`, the ReCal
-// paper's ablation study (its Table 3, "Results of Ablation") repeated over
-// several seeds: where each run lives (layout.go), how a variant's run
-// starts from its seed's shared supervised warm-up (Seed), and the table of
-// exact match per variant as mean ± standard deviation over seeds
-// (table.go). The training and evaluation themselves are cmd/recal's.
+// Package ablate runs `recal ablate`, the ReCal paper's ablation study (its
+// Table 3, "Results of Ablation") repeated over several seeds (Run: per
+// seed the shared warm-up, then every variant's GRPO and evaluation, then
+// the table and the figure; run.go): where each run lives (layout.go), how
+// a variant's run starts from its seed's shared supervised warm-up (Seed),
+// and the table of exact match per variant as mean ± standard deviation
+// over seeds (table.go).
 //
 // Layout of a study folder:
 //
@@ -14,5 +15,6 @@
 //	ablation.{json,csv,md}  the table
 //	ablation_reward.{png,svg} the answer reward over steps per variant
 //
-// The package builds with CGO_ENABLED=0.
+// Run trains (trainer) and evaluates (eval), so the package needs cgo;
+// its layout and table need neither.
 package ablate

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# bench/cpu.sh measures where recal's CPU time goes on the offline default
-# (README "CPU time"): user and kernel (sys) seconds of the whole command,
+# bench/cpu.sh measures where recal's CPU time goes on the offline default:
+# user and kernel (sys) seconds of the whole command,
 # seconds per step or per question, and the sched_yield and futex calls of
 # all its threads.
 #

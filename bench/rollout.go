@@ -9,10 +9,10 @@ import (
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/generate"
+	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/router"
 	"github.com/recal-project/recal/tokenizer"
 	"github.com/recal-project/recal/torchbridge"
-	"github.com/recal-project/recal/trainer"
 )
 
 // forced runs the real policy's forward pass for every token, then replaces
@@ -61,7 +61,7 @@ func scriptedRollout(latency time.Duration, decodeThreads, workers int) ([]route
 	for i := range cfg.Pool.Models {
 		cfg.Pool.Models[i].Sim.Latency = latency
 	}
-	eng, err := trainer.OpenEngine(cfg.Policy.Checkpoint, trainerOptions(cfg))
+	eng, err := rollout.OpenEngine(cfg.Policy.Checkpoint, trainerOptions(cfg))
 	if err != nil {
 		return nil, router.Stats{}, 0, fmt.Errorf("rollout bench needs the tiny checkpoint (make train creates it, or recal policy init --preset tiny --out runs/init/tiny): %w", err)
 	}
@@ -70,7 +70,7 @@ func scriptedRollout(latency time.Duration, decodeThreads, workers int) ([]route
 	if err != nil {
 		return nil, router.Stats{}, 0, err
 	}
-	env, err := trainer.NewEnv(cfg, eng, trainer.AnswerBank(train), nil)
+	env, err := rollout.NewEnv(cfg, eng, rollout.AnswerBank(train), nil)
 	if err != nil {
 		return nil, router.Stats{}, 0, err
 	}
@@ -90,7 +90,7 @@ func scriptedRollout(latency time.Duration, decodeThreads, workers int) ([]route
 		}
 		longest = max(longest, len(p))
 		for range g {
-			jobs = append(jobs, router.Job{Question: trainer.Question(q), Prompt: p})
+			jobs = append(jobs, router.Job{Question: rollout.Question(q), Prompt: p})
 		}
 	}
 	script := scriptTurns(eng.Tok, env.Pool.Models()[0].Name)
@@ -99,12 +99,12 @@ func scriptedRollout(latency time.Duration, decodeThreads, workers int) ([]route
 		return nil, router.Stats{}, 0, err
 	}
 	defer cache.Close()
-	restore, err := trainer.DecodeThreads(decodeThreads)
+	restore, err := rollout.DecodeThreads(decodeThreads)
 	if err != nil {
 		return nil, router.Stats{}, 0, err
 	}
 	defer restore()
-	dec := &forced{inner: trainer.Decoder{C: cache, Logp: true, Workers: workers}, turns: script, state: map[int]*struct{ turn, pos int }{}}
+	dec := &forced{inner: rollout.Decoder{C: cache, Logp: true, Workers: workers}, turns: script, state: map[int]*struct{ turn, pos int }{}}
 	samples, st, err := router.Rollout(ctx, dec, eng.Tok, env.Pool, cfg.Router, jobs, generate.Sampling{Temperature: 1, TopP: 1}, eng.EOS, 1)
 	return samples, st, len(qs), err
 }
@@ -177,7 +177,7 @@ func mean(v []float64) float64 {
 
 // scriptTurns is a routing trajectory: three searches, then an answer.
 func scriptTurns(tok *tokenizer.Tokenizer, model string) [][]int32 {
-	enc := func(s string) []int32 { return trainer.ToInt32(tok.Encode(s)) }
+	enc := func(s string) []int32 { return rollout.ToInt32(tok.Encode(s)) }
 	search := enc("<think>I will ask a model.</think>\n<search>" + model + ": who is the author of this book and when</search>")
 	return [][]int32{search, search, search, enc("<think>Found it.</think>\n<answer>William Shakespeare</answer>")}
 }

@@ -239,7 +239,7 @@ int rc_policy_new(const rc_config* cfg, const char* device, int32_t dtype, rc_po
     if (c.head_dim % 2 != 0) fail("config: head_dim must be even for rotary embeddings");
     p->device = torch::Device(std::string(device));
     if (p->device.is_cuda() && !torch::cuda::is_available())
-      fail("device \"" + std::string(device) + "\": the linked libtorch has no CUDA support or no GPU is visible (see LIBTORCH in the README)");
+      fail("device \"" + std::string(device) + "\": the linked libtorch has no CUDA support or no GPU is visible (see LIBTORCH in docs/install.md)");
     p->dtype = scalar_type(dtype);
     if (p->dtype == torch::kFloat16) fail("dtype float16 is not supported for the policy; use float32 or bfloat16");
     torch::NoGradGuard ng;

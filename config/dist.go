@@ -7,7 +7,7 @@ import (
 
 // Dist configures how the ranks of a data-parallel job talk ([dist]); read
 // only when recal runs as more than one process (recal train --nproc N,
-// torchrun or Slurm; see README "Several GPUs and nodes"). None of it
+// torchrun or Slurm; see docs/distributed.md). None of it
 // changes what is computed, so a resume may change it.
 type Dist struct {
 	// Timeout bounds the rendezvous and every collective (duration): a rank

@@ -24,6 +24,7 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -155,6 +156,10 @@ func WithLogger(l *slog.Logger) Option {
 // WithCacheDir sets the folder of the disk cache (the openai provider's);
 // without it vectors are cached in memory only.
 func WithCacheDir(dir string) Option { return func(e *Env) { e.CacheDir = dir } }
+
+// CacheDir is where recal keeps the embeddings' disk cache: beside the
+// pool's (pool.cache_dir).
+func CacheDir(poolCacheDir string) string { return filepath.Join(poolCacheDir, "embeddings") }
 
 // WithLookupEnv replaces os.LookupEnv for reading API keys (tests).
 func WithLookupEnv(f func(string) (string, bool)) Option {

@@ -6,13 +6,13 @@ import (
 	"io"
 	"path/filepath"
 
+	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/torchbridge"
-	"github.com/recal-project/recal/trainer"
 )
 
 // The no-routing rows of the ReCal paper's Table 1 besides Vanilla
 // (direct): the policy answers alone, with no model listed and no call
-// allowed (trainer.DirectProtocol).
+// allowed (rollout.DirectProtocol).
 
 // CoTTemplateName is the chain-of-thought template's file name; with no
 // Setup.CoTTemplate it is looked up beside the routing template
@@ -39,7 +39,7 @@ func newCoT(s Setup) (Router, error) {
 	}
 	rc := s.Env.Router
 	rc.PromptTemplate = cotTemplate(s)
-	env, err := trainer.DirectEnv(s.Env.Engine, s.Env.Pool, rc)
+	env, err := rollout.DirectEnv(s.Env.Engine, s.Env.Pool, rc)
 	if err != nil {
 		return nil, fmt.Errorf("eval: router cot: %w", err)
 	}
@@ -51,12 +51,12 @@ func newCoT(s Setup) (Router, error) {
 const SFTDirectCommand = "recal train-sft-direct --config FILE --out DIR"
 
 // sftRouter is Table 1's "SFT": policy.checkpoint fine-tuned on the
-// training split to answer directly (trainer.TrainSFTDirect), evaluated
+// training split to answer directly (sftdirect.Train), evaluated
 // with the direct prompt and no pool. It holds its own policy, closed with
 // the router.
 type sftRouter struct {
 	policyRouter
-	eng *trainer.Engine
+	eng *rollout.Engine
 }
 
 func newSFT(s Setup) (Router, error) {
@@ -67,11 +67,11 @@ func newSFT(s Setup) (Router, error) {
 		return nil, errors.New("eval: router sft needs the evaluation's policy settings: --checkpoint")
 	}
 	o := s.Env.Engine.Policy.Options()
-	eng, err := trainer.OpenEngine(s.SFTCheckpoint, torchbridge.Options{Device: o.Device, DType: o.DType})
+	eng, err := rollout.OpenEngine(s.SFTCheckpoint, torchbridge.Options{Device: o.Device, DType: o.DType})
 	if err != nil {
 		return nil, fmt.Errorf("eval: router sft: %s is not a checkpoint (make it with `%s`): %w", s.SFTCheckpoint, SFTDirectCommand, err)
 	}
-	env, err := trainer.DirectEnv(eng, s.Env.Pool, s.Env.Router)
+	env, err := rollout.DirectEnv(eng, s.Env.Pool, s.Env.Router)
 	if err != nil {
 		eng.Close()
 		return nil, err

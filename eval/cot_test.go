@@ -9,9 +9,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/recal-project/recal/baselines/sftdirect"
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/eval"
-	"github.com/recal-project/recal/trainer"
 )
 
 // The no-routing rows make no pool call; cot reads its own template
@@ -25,7 +25,7 @@ func TestNoRoutingRows(t *testing.T) {
 		t.Fatal(err)
 	}
 	sft := filepath.Join(t.TempDir(), "sft-direct")
-	if err := trainer.TrainSFTDirect(context.Background(), cfg, trainer.SFTDirectOptions{Out: sft, BaseID: "test",
+	if err := sftdirect.Train(context.Background(), cfg, sftdirect.Options{Out: sft, BaseID: "test",
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}); err != nil {
 		t.Fatal(err)
 	}

@@ -8,8 +8,8 @@ import (
 
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/llmpool"
+	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/router"
-	"github.com/recal-project/recal/trainer"
 )
 
 // Task decomposition: the rows "Prompt LLM*" and "KNN Router*" of the ReCal
@@ -119,7 +119,7 @@ func withDecomposition(newBase func(Setup) (Router, error)) func(Setup) (Router,
 	}
 }
 
-func (r decomposeRouter) Answer(ctx context.Context, qs []data.Example) ([]trainer.QuestionResult, error) {
+func (r decomposeRouter) Answer(ctx context.Context, qs []data.Example) ([]rollout.QuestionResult, error) {
 	pool := r.s.Env.Pool
 	ask := func(reqs []llmpool.Request) ([]llmpool.Response, error) {
 		resps := pool.CallBatch(ctx, reqs)
@@ -128,7 +128,7 @@ func (r decomposeRouter) Answer(ctx context.Context, qs []data.Example) ([]train
 	// 1. Decompose.
 	reqs := make([]llmpool.Request, len(qs))
 	for i, q := range qs {
-		qq := trainer.Question(q)
+		qq := rollout.Question(q)
 		reqs[i] = llmpool.Request{Model: r.selector, Query: decomposePrompt(q.Question), Question: &qq}
 	}
 	dec, err := ask(reqs)
@@ -158,7 +158,7 @@ func (r decomposeRouter) Answer(ctx context.Context, qs []data.Example) ([]train
 	}
 	reqs = make([]llmpool.Request, len(subs))
 	for k := range subs {
-		qq := trainer.Question(subQs[k])
+		qq := rollout.Question(subQs[k])
 		reqs[k] = llmpool.Request{Model: models[k], Query: subs[k], Question: &qq}
 	}
 	ans, err := ask(reqs)
@@ -180,21 +180,21 @@ func (r decomposeRouter) Answer(ctx context.Context, qs []data.Example) ([]train
 	// 3. Compose.
 	reqs = make([]llmpool.Request, len(qs))
 	for i, q := range qs {
-		qq := trainer.Question(q)
+		qq := rollout.Question(q)
 		reqs[i] = llmpool.Request{Model: r.selector, Query: composePrompt(q.Question, subsOf[i], answersOf[i]), Question: &qq}
 	}
 	comp, err := ask(reqs)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]trainer.QuestionResult, len(qs))
+	out := make([]rollout.QuestionResult, len(qs))
 	for i, q := range qs {
 		calls[i] = append(calls[i], callOf(reqs[i], comp[i]))
 		a := ""
 		if !comp[i].Failed {
 			a = ExtractAnswer(comp[i].Text)
 		}
-		res := trainer.QuestionResult{ID: q.ID, Dataset: q.Dataset, Question: q.Question, Golden: q.Golden, Answer: a,
+		res := rollout.QuestionResult{ID: q.ID, Dataset: q.Dataset, Question: q.Question, Golden: q.Golden, Answer: a,
 			EM: data.ExactMatch(a, q.Golden), F1: data.F1(a, q.Golden), WellFormed: !comp[i].Failed, Calls: calls[i],
 			Response: comp[i].Text}
 		for _, c := range calls[i] {

@@ -17,7 +17,7 @@ import (
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/eval"
 	"github.com/recal-project/recal/llmpool"
-	"github.com/recal-project/recal/trainer"
+	"github.com/recal-project/recal/rollout"
 )
 
 func TestSubQuestions(t *testing.T) {
@@ -112,7 +112,7 @@ func decomposeSetup(t *testing.T, pc llmpool.Config) eval.Setup {
 		t.Fatal(err)
 	}
 	cfg.Pool = pc
-	env, err := trainer.NewEnv(cfg, nil, nil, nil)
+	env, err := rollout.NewEnv(cfg, nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

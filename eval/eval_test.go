@@ -15,8 +15,8 @@ import (
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/eval"
 	"github.com/recal-project/recal/internal/testpolicy"
+	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/torchbridge"
-	"github.com/recal-project/recal/trainer"
 )
 
 func microCheckpoint(t *testing.T) string { return testpolicy.Micro(t, "..", 2) }
@@ -34,7 +34,7 @@ func fixtureFor(t *testing.T, ck string) fixture { return fixtureWith(t, ck, tor
 // fixtureWith is fixtureFor with the policy opened with opts.
 func fixtureWith(t *testing.T, ck string, opts torchbridge.Options) fixture {
 	t.Helper()
-	trainer.SetThreads(2)
+	rollout.SetThreads(2)
 	cfg, err := config.Load("../recal.toml", []string{"router.turn_tokens=8", "data.test_per_dataset=6", "eval.batch=4", `data.test=["ood"]`})
 	if err != nil {
 		t.Fatal(err)
@@ -43,12 +43,12 @@ func fixtureWith(t *testing.T, ck string, opts torchbridge.Options) fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eng, err := trainer.OpenEngine(ck, opts)
+	eng, err := rollout.OpenEngine(ck, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { eng.Close() })
-	env, err := trainer.NewEnv(cfg, eng, trainer.AnswerBank(qs), nil)
+	env, err := rollout.NewEnv(cfg, eng, rollout.AnswerBank(qs), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +150,7 @@ func TestBadInput(t *testing.T) {
 	if m, err := eval.LoadExtraModels(good); err != nil || len(m) != 1 {
 		t.Errorf("a valid extra-models file: %v", err)
 	}
-	if _, err := trainer.OpenEngine(dir, torchbridge.Options{}); err == nil {
+	if _, err := rollout.OpenEngine(dir, torchbridge.Options{}); err == nil {
 		t.Error("a folder that is not a policy opened as one")
 	}
 }
@@ -178,7 +178,7 @@ func readAnswers(t *testing.T, path string) map[string]string {
 	}
 	out := map[string]string{}
 	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-		var r trainer.QuestionResult
+		var r rollout.QuestionResult
 		if err := json.Unmarshal([]byte(line), &r); err != nil {
 			t.Fatalf("%s: %v", path, err)
 		}
@@ -315,10 +315,10 @@ func TestRunReportsUnencodableResults(t *testing.T) {
 
 type nanRouter struct{}
 
-func (nanRouter) Answer(_ context.Context, qs []data.Example) ([]trainer.QuestionResult, error) {
-	out := make([]trainer.QuestionResult, len(qs))
+func (nanRouter) Answer(_ context.Context, qs []data.Example) ([]rollout.QuestionResult, error) {
+	out := make([]rollout.QuestionResult, len(qs))
 	for i, q := range qs {
-		out[i] = trainer.QuestionResult{ID: q.ID, Dataset: q.Dataset, Cost: math.NaN()}
+		out[i] = rollout.QuestionResult{ID: q.ID, Dataset: q.Dataset, Cost: math.NaN()}
 	}
 	return out, nil
 }
@@ -366,8 +366,8 @@ func TestCheckpointDigest(t *testing.T) {
 // when none had.
 func TestTextNamesClosedShare(t *testing.T) {
 	row := func(name string, closed float64) eval.Row {
-		sc := trainer.Score{EM: 0.5, F1: 0.5, N: 4, WellFormed: 1, Closed: closed}
-		return eval.Row{Router: name, Datasets: map[string]trainer.Score{"nq": sc}, Avg: sc}
+		sc := rollout.Score{EM: 0.5, F1: 0.5, N: 4, WellFormed: 1, Closed: closed}
+		return eval.Row{Router: name, Datasets: map[string]rollout.Score{"nq": sc}, Avg: sc}
 	}
 	for _, c := range []struct {
 		rows []eval.Row

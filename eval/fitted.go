@@ -10,8 +10,8 @@ import (
 	"github.com/recal-project/recal/baselines"
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/embed"
+	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/router"
-	"github.com/recal-project/recal/trainer"
 )
 
 // The fitted baseline routers (package baselines: mlp, routellm-mf,
@@ -100,7 +100,7 @@ func newFitted(name string, s Setup) (Router, error) {
 	return fittedRouter{s: s, r: r}, nil
 }
 
-func (f fittedRouter) Answer(ctx context.Context, qs []data.Example) ([]trainer.QuestionResult, error) {
+func (f fittedRouter) Answer(ctx context.Context, qs []data.Example) ([]rollout.QuestionResult, error) {
 	questions := make([]string, len(qs))
 	for i, q := range qs {
 		questions[i] = q.Question

@@ -11,7 +11,7 @@ import (
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/embed"
 	"github.com/recal-project/recal/eval"
-	"github.com/recal-project/recal/trainer"
+	"github.com/recal-project/recal/rollout"
 )
 
 // fitRouters collects the outcomes of the fixture's pool on a few training
@@ -27,7 +27,7 @@ func fitRouters(t *testing.T, f fixture, seed int64) string {
 		t.Fatal(err)
 	}
 	out := t.TempDir()
-	info, err := baselines.PoolIdentity(f.setup.Pool, trainer.AnswerBank(f.qs))
+	info, err := baselines.PoolIdentity(f.setup.Pool, rollout.AnswerBank(f.qs))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,14 +15,14 @@ import (
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/dist"
 	"github.com/recal-project/recal/internal/hfmodel"
-	"github.com/recal-project/recal/trainer"
+	"github.com/recal-project/recal/rollout"
 )
 
 // Row is one router's line of the table.
 type Row struct {
 	Router   string                   `json:"router"`
-	Datasets map[string]trainer.Score `json:"datasets"`
-	Avg      trainer.Score            `json:"avg"` // mean over the table's datasets
+	Datasets map[string]rollout.Score `json:"datasets"`
+	Avg      rollout.Score            `json:"avg"` // mean over the table's datasets
 }
 
 // Table is an evaluation's result: routers as rows, datasets as columns.
@@ -64,7 +64,7 @@ func Run(ctx context.Context, s Setup, qs []data.Example, routers []string, outD
 		path := filepath.Join(outDir, "results-"+name+".jsonl")
 		// Rank 0 alone takes, reads and appends to the results file; every
 		// rank answers its share of what is left (shard.go).
-		var done map[string]trainer.QuestionResult
+		var done map[string]rollout.QuestionResult
 		var f *os.File
 		todo, err := sharedTodo(ctx, g, qs, func() ([]data.Example, error) {
 			id, err := identityOf(name, s, memo)
@@ -95,7 +95,7 @@ func Run(ctx context.Context, s Setup, qs []data.Example, routers []string, outD
 			return Table{}, err
 		}
 		answered := len(qs) - len(todo)
-		err = answerShared(ctx, g, r, name, todo, s.Batch, func(res []trainer.QuestionResult) error {
+		err = answerShared(ctx, g, r, name, todo, s.Batch, func(res []rollout.QuestionResult) error {
 			var buf strings.Builder
 			for _, q := range res {
 				b, err := json.Marshal(q)
@@ -126,11 +126,11 @@ func Run(ctx context.Context, s Setup, qs []data.Example, routers []string, outD
 		if g.Rank() != 0 {
 			continue // the table is rank 0's
 		}
-		var mine []trainer.QuestionResult
+		var mine []rollout.QuestionResult
 		for _, q := range qs {
 			mine = append(mine, done[q.ID])
 		}
-		per, _ := trainer.Summarize(mine)
+		per, _ := rollout.Summarize(mine)
 		row := Row{Router: name, Datasets: per}
 		for _, d := range t.Datasets { // the average over the table's columns
 			sc := per[d]
@@ -163,8 +163,8 @@ func datasetsOf(qs []data.Example) []string {
 }
 
 // readResults loads a results file, skipping a torn last line.
-func readResults(path string) (map[string]trainer.QuestionResult, error) {
-	out := map[string]trainer.QuestionResult{}
+func readResults(path string) (map[string]rollout.QuestionResult, error) {
+	out := map[string]rollout.QuestionResult{}
 	f, err := os.Open(path)
 	if os.IsNotExist(err) {
 		return out, nil
@@ -176,7 +176,7 @@ func readResults(path string) (map[string]trainer.QuestionResult, error) {
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 64<<20)
 	for sc.Scan() {
-		var r trainer.QuestionResult
+		var r rollout.QuestionResult
 		if json.Unmarshal(sc.Bytes(), &r) == nil && r.ID != "" {
 			out[r.ID] = r
 		}
@@ -200,8 +200,8 @@ func (t Table) Text(w io.Writer) {
 	}
 	for _, metric := range []struct {
 		title string
-		get   func(trainer.Score) float64
-	}{{"EM", func(s trainer.Score) float64 { return s.EM }}, {"F1", func(s trainer.Score) float64 { return s.F1 }}} {
+		get   func(rollout.Score) float64
+	}{{"EM", func(s rollout.Score) float64 { return s.EM }}, {"F1", func(s rollout.Score) float64 { return s.F1 }}} {
 		header(metric.title)
 		for _, r := range t.Rows {
 			fmt.Fprintf(w, "%-10s", r.Router)
@@ -258,7 +258,7 @@ func (t Table) Markdown(w io.Writer) {
 	}
 }
 
-func pick(metric string, s trainer.Score) float64 {
+func pick(metric string, s rollout.Score) float64 {
 	if metric == "EM" {
 		return s.EM
 	}

@@ -21,18 +21,18 @@ import (
 	"github.com/recal-project/recal/dist"
 	"github.com/recal-project/recal/embed"
 	"github.com/recal-project/recal/llmpool"
+	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/router"
-	"github.com/recal-project/recal/trainer"
 )
 
 // Router answers a batch of questions.
 type Router interface {
-	Answer(ctx context.Context, qs []data.Example) ([]trainer.QuestionResult, error)
+	Answer(ctx context.Context, qs []data.Example) ([]rollout.QuestionResult, error)
 }
 
 // Setup is what routers are built from.
 type Setup struct {
-	Env      *trainer.Env // the policy, pool and prompt
+	Env      *rollout.Env // the policy, pool and prompt
 	Batch    int          // questions decoded together
 	Seed     int64        // for the random router
 	Largest  string       // pool model the "largest" router uses ("" = the highest output price)
@@ -138,8 +138,8 @@ func NewRouter(name string, s Setup) (Router, error) {
 
 type policyRouter struct{ s Setup }
 
-func (r policyRouter) Answer(ctx context.Context, qs []data.Example) ([]trainer.QuestionResult, error) {
-	return trainer.Answer(ctx, r.s.Env, qs, r.s.Batch)
+func (r policyRouter) Answer(ctx context.Context, qs []data.Example) ([]rollout.QuestionResult, error) {
+	return rollout.Answer(ctx, r.s.Env, qs, r.s.Batch)
 }
 
 // newDirect runs the policy with a prompt that lists no models and allows no call.
@@ -178,7 +178,7 @@ type fixedRouter struct {
 	pick func(data.Example) string
 }
 
-func (r fixedRouter) Answer(ctx context.Context, qs []data.Example) ([]trainer.QuestionResult, error) {
+func (r fixedRouter) Answer(ctx context.Context, qs []data.Example) ([]rollout.QuestionResult, error) {
 	models := make([]string, len(qs))
 	for i, q := range qs {
 		models[i] = r.pick(q)
@@ -187,23 +187,23 @@ func (r fixedRouter) Answer(ctx context.Context, qs []data.Example) ([]trainer.Q
 }
 
 // directAnswers asks models[i] question i and scores the extracted answer.
-func directAnswers(ctx context.Context, pool *llmpool.Pool, qs []data.Example, models []string) ([]trainer.QuestionResult, error) {
+func directAnswers(ctx context.Context, pool *llmpool.Pool, qs []data.Example, models []string) ([]rollout.QuestionResult, error) {
 	reqs := make([]llmpool.Request, len(qs))
 	for i, q := range qs {
-		qq := trainer.Question(q)
+		qq := rollout.Question(q)
 		reqs[i] = llmpool.Request{Model: models[i], Query: q.Question, Question: &qq}
 	}
 	resps := pool.CallBatch(ctx, reqs)
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	out := make([]trainer.QuestionResult, len(qs))
+	out := make([]rollout.QuestionResult, len(qs))
 	for i, q := range qs {
 		ans := ExtractAnswer(resps[i].Text)
 		if resps[i].Failed {
 			ans = ""
 		}
-		out[i] = trainer.QuestionResult{ID: q.ID, Dataset: q.Dataset, Question: q.Question, Golden: q.Golden, Answer: ans,
+		out[i] = rollout.QuestionResult{ID: q.ID, Dataset: q.Dataset, Question: q.Question, Golden: q.Golden, Answer: ans,
 			EM: data.ExactMatch(ans, q.Golden), F1: data.F1(ans, q.Golden), WellFormed: !resps[i].Failed,
 			Calls: []router.Call{{Model: resps[i].Model, Query: q.Question, Reply: resps[i].Text, Failed: resps[i].Failed,
 				Cached: resps[i].Cached, Cost: resps[i].Cost, Latency: resps[i].Latency}},
@@ -257,7 +257,7 @@ func selectorOf(s Setup) (string, error) {
 	return "", fmt.Errorf("eval: --selector %q is not a pool model", s.Selector)
 }
 
-func (r promptRouter) Answer(ctx context.Context, qs []data.Example) ([]trainer.QuestionResult, error) {
+func (r promptRouter) Answer(ctx context.Context, qs []data.Example) ([]rollout.QuestionResult, error) {
 	questions := make([]string, len(qs))
 	for i, q := range qs {
 		questions[i] = q.Question
@@ -287,7 +287,7 @@ func (r promptRouter) pickFor(ctx context.Context, qs []data.Example, queries []
 	}
 	reqs := make([]llmpool.Request, len(qs))
 	for i, q := range qs {
-		qq := trainer.Question(q)
+		qq := rollout.Question(q)
 		reqs[i] = llmpool.Request{Model: r.selector, Question: &qq,
 			Query: "Which one of these models should answer the question? Reply with its name only.\n" + list.String() + "Question: " + queries[i]}
 	}
@@ -383,7 +383,7 @@ func newKNN(s Setup) (Router, error) {
 	return r, nil
 }
 
-func (r *knnRouter) Answer(ctx context.Context, qs []data.Example) ([]trainer.QuestionResult, error) {
+func (r *knnRouter) Answer(ctx context.Context, qs []data.Example) ([]rollout.QuestionResult, error) {
 	questions := make([]string, len(qs))
 	for i, q := range qs {
 		questions[i] = q.Question

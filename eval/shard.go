@@ -7,7 +7,7 @@ import (
 
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/dist"
-	"github.com/recal-project/recal/trainer"
+	"github.com/recal-project/recal/rollout"
 )
 
 // Data-parallel evaluation (Setup.Group): rank 0 alone reads and writes the
@@ -64,7 +64,7 @@ func sharedTodo(ctx context.Context, g dist.Group, qs []data.Example, claim func
 // passes each round's answers, in todo's order, to write (on rank 0 only).
 // An error on any rank stops every rank.
 func answerShared(ctx context.Context, g dist.Group, r Router, name string, todo []data.Example, batch int,
-	write func([]trainer.QuestionResult) error) error {
+	write func([]rollout.QuestionResult) error) error {
 	round := batch * g.Size()
 	for lo := 0; lo < len(todo); lo += round {
 		part := todo[lo:min(lo+round, len(todo))]
@@ -80,7 +80,7 @@ func answerShared(ctx context.Context, g dist.Group, r Router, name string, todo
 		}
 		type answers struct {
 			Err     string
-			Results []trainer.QuestionResult
+			Results []rollout.QuestionResult
 		}
 		var mine answers
 		if a, b := len(part)*g.Rank()/g.Size(), len(part)*(g.Rank()+1)/g.Size(); a < b {
@@ -94,7 +94,7 @@ func answerShared(ctx context.Context, g dist.Group, r Router, name string, todo
 		if err != nil {
 			return fmt.Errorf("eval: router %s: %w", name, err)
 		}
-		var res []trainer.QuestionResult
+		var res []rollout.QuestionResult
 		for k, a := range all {
 			if a.Err != "" {
 				return fmt.Errorf("eval: router %s, rank %d: %s", name, k, a.Err)

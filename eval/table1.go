@@ -10,7 +10,7 @@ import (
 
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/internal/hfmodel"
-	"github.com/recal-project/recal/trainer"
+	"github.com/recal-project/recal/rollout"
 )
 
 // The ReCal paper's Table 1 (EM; its appendix repeats it in F1): every
@@ -122,9 +122,9 @@ func (t PaperTable) Text(w io.Writer) {
 			}
 			fmt.Fprintf(w, "%-13s", r.Label)
 			for _, d := range t.Datasets {
-				fmt.Fprintf(w, " %9s", cell(r, func(row *Row) trainer.Score { return row.Datasets[d] }, metric))
+				fmt.Fprintf(w, " %9s", cell(r, func(row *Row) rollout.Score { return row.Datasets[d] }, metric))
 			}
-			fmt.Fprintf(w, " %9s\n", cell(r, func(row *Row) trainer.Score { return row.Avg }, metric))
+			fmt.Fprintf(w, " %9s\n", cell(r, func(row *Row) rollout.Score { return row.Avg }, metric))
 		}
 	}
 	fmt.Fprintf(w, "\n%-13s %14s %12s %12s %8s\n", "method", "calls/question", "cost (USD)", "well-formed", "n")
@@ -144,7 +144,7 @@ func (t PaperTable) Text(w io.Writer) {
 }
 
 // cell is a row's score as text, "—" when the row has none.
-func cell(r PaperRow, get func(*Row) trainer.Score, metric string) string {
+func cell(r PaperRow, get func(*Row) rollout.Score, metric string) string {
 	if r.Scores == nil {
 		return "—"
 	}
@@ -174,7 +174,7 @@ func (t PaperTable) Markdown(w io.Writer) {
 			}
 			fmt.Fprintf(w, "| %s |", r.Label)
 			for _, d := range t.Datasets {
-				fmt.Fprintf(w, " %s |", cell(r, func(row *Row) trainer.Score { return row.Datasets[d] }, metric))
+				fmt.Fprintf(w, " %s |", cell(r, func(row *Row) rollout.Score { return row.Datasets[d] }, metric))
 			}
 			if r.Scores == nil {
 				fmt.Fprint(w, " — | — | — | — |\n")

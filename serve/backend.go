@@ -51,7 +51,7 @@ type Result struct {
 }
 
 // Backend answers queries: the policy decoding rows together and calling
-// the pool (trainer.Service in `recal serve`). Its methods are safe for
+// the pool (rollout.Service in `recal serve`). Its methods are safe for
 // concurrent use.
 type Backend interface {
 	// Answer blocks until q is answered; cancelling ctx cancels the row and

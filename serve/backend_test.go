@@ -11,7 +11,7 @@ import (
 	"github.com/recal-project/recal/router"
 )
 
-// scriptBackend stands in for trainer.Service in the HTTP tests: a scripted
+// scriptBackend stands in for rollout.Service in the HTTP tests: a scripted
 // "policy" that, per question, calls the first allowed pool model (a real
 // llmpool.Pool) calls times, then answers "echo: QUESTION". It keeps the
 // service's contract: at most rows queries run, the others wait, and a

@@ -4,7 +4,7 @@
 //
 // Endpoints: POST /v1/chat/completions (plain and streamed), GET /v1/models,
 // GET /healthz, GET /readyz and GET /metrics (Prometheus). The policy and its
-// batching live behind Backend (trainer.Service); this package does the
+// batching live behind Backend (rollout.Service); this package does the
 // HTTP: validation, admission (at most max_batch + max_queue requests in
 // flight, 429 beyond; at most max_body_reads bodies being read, each within
 // body_timeout), authentication, limits, timeouts, logs, traces, metrics

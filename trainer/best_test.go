@@ -12,6 +12,7 @@ import (
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/internal/testpolicy"
+	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/router"
 	"github.com/recal-project/recal/torchbridge"
 )
@@ -22,13 +23,13 @@ import (
 type bestRun struct {
 	t       *testing.T
 	cfg     config.Config
-	eng     *Engine
+	eng     *rollout.Engine
 	r       *runDir
 	sampler *data.Sampler
 	best    bestCheckpoint
 }
 
-func newBestRun(t *testing.T, eng *Engine, cfg config.Config, plan runPlan) *bestRun {
+func newBestRun(t *testing.T, eng *rollout.Engine, cfg config.Config, plan runPlan) *bestRun {
 	t.Helper()
 	sampler, err := data.NewSampler([]data.Example{{ID: "q1", Dataset: "nq"}, {ID: "q2", Dataset: "nq"}, {ID: "q3", Dataset: "nq"}}, 0)
 	if err != nil {
@@ -44,15 +45,15 @@ func newBestRun(t *testing.T, eng *Engine, cfg config.Config, plan runPlan) *bes
 
 // validation is a validation of mean F1 f1 whose responses are all well
 // formed.
-func validation(step int, f1 float64) ValidationResult {
+func validation(step int, f1 float64) rollout.ValidationResult {
 	return validationWF(step, f1, 1)
 }
 
 // validationWF is a validation of mean F1 f1 of which the share wf of the
 // responses are well formed (and score as the rest).
-func validationWF(step int, f1, wf float64) ValidationResult {
-	sc := Score{F1: f1, EM: f1 / 2, N: 2, WellFormed: wf, F1WellFormed: f1 * wf}
-	return ValidationResult{Step: step, Datasets: map[string]Score{"nq": sc}, Avg: sc}
+func validationWF(step int, f1, wf float64) rollout.ValidationResult {
+	sc := rollout.Score{F1: f1, EM: f1 / 2, N: 2, WellFormed: wf, F1WellFormed: f1 * wf}
+	return rollout.ValidationResult{Step: step, Datasets: map[string]rollout.Score{"nq": sc}, Avg: sc}
 }
 
 // step runs the end of GRPO step s with validation F1 f1 (< 0: no
@@ -102,7 +103,7 @@ func checkBest(t *testing.T, run string, want int, why string) {
 	if err != nil || target != fmt.Sprintf("step-%d", want) {
 		t.Fatalf("%s: checkpoints/best names %q (%v), want step-%d", why, target, err, want)
 	}
-	if !complete(filepath.Join(ck, target)) {
+	if !rollout.Complete(filepath.Join(ck, target)) {
 		t.Fatalf("%s: checkpoints/best names %s, which is not a complete checkpoint", why, target)
 	}
 	var rec bestCheckpoint
@@ -111,12 +112,12 @@ func checkBest(t *testing.T, run string, want int, why string) {
 	}
 }
 
-func microEngine(t *testing.T) *Engine {
+func microEngine(t *testing.T) *rollout.Engine {
 	t.Helper()
-	if err := SetThreads(2); err != nil {
+	if err := rollout.SetThreads(2); err != nil {
 		t.Fatal(err)
 	}
-	eng, err := OpenEngine(testpolicy.Micro(t, "..", 1), torchbridge.Options{})
+	eng, err := rollout.OpenEngine(testpolicy.Micro(t, "..", 1), torchbridge.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +157,7 @@ func TestBestCheckpoint(t *testing.T) {
 		checkBest(t, run, s.best, fmt.Sprintf("after step %d (F1 %g)", s.step, s.f1))
 	}
 	for _, want := range []string{"step-2", "step-3", "step-4"} {
-		if !complete(filepath.Join(run, "checkpoints", want)) {
+		if !rollout.Complete(filepath.Join(run, "checkpoints", want)) {
 			t.Errorf("no complete %s: each new best and each checkpoint_every step is a checkpoint", want)
 		}
 	}
@@ -245,7 +246,7 @@ func TestBestCheckpointSurvivesACrashAtEveryOperation(t *testing.T) {
 		// Whatever the instant, best names a complete checkpoint.
 		ck := filepath.Join(b.r.dir, "checkpoints")
 		target, err := os.Readlink(filepath.Join(ck, "best"))
-		if err != nil || (target != "step-2" && target != "step-4") || !complete(filepath.Join(ck, target)) {
+		if err != nil || (target != "step-2" && target != "step-4") || !rollout.Complete(filepath.Join(ck, target)) {
 			t.Fatalf("crash at %q: best names %q (%v), want a complete step-2 or step-4", at, target, err)
 		}
 		want := 2
@@ -268,88 +269,6 @@ func TestBestCheckpointSurvivesACrashAtEveryOperation(t *testing.T) {
 				t.Errorf("crash at %q: the resume left %s", at, e.Name())
 			}
 		}
-	}
-}
-
-// ResolveCheckpoint takes a checkpoint folder as it is and a run folder to
-// its best checkpoint, else its last.
-func TestResolveCheckpoint(t *testing.T) {
-	mk := func(t *testing.T, dir string) {
-		t.Helper()
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		for _, f := range checkpointFiles {
-			if err := os.WriteFile(filepath.Join(dir, f), []byte("{}"), 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	link := func(t *testing.T, target, name string) {
-		t.Helper()
-		if err := os.Symlink(target, name); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cases := []struct {
-		name      string
-		setup     func(t *testing.T, run string) string // returns the argument
-		want      string                                // relative to run ("" = an error)
-		which     string                                // prefix
-		wantError string
-	}{
-		{"a checkpoint folder", func(t *testing.T, run string) string {
-			mk(t, filepath.Join(run, "ck"))
-			return filepath.Join(run, "ck")
-		}, "ck", "", ""},
-		{"a checkpoint through a run's link", func(t *testing.T, run string) string {
-			mk(t, filepath.Join(run, "checkpoints", "step-2"))
-			link(t, "step-2", filepath.Join(run, "checkpoints", "last"))
-			return filepath.Join(run, "checkpoints", "last")
-		}, "checkpoints/last", "", ""},
-		{"a run folder with best and last", func(t *testing.T, run string) string {
-			mk(t, filepath.Join(run, "checkpoints", "step-2"))
-			mk(t, filepath.Join(run, "checkpoints", "step-4"))
-			link(t, "step-2", filepath.Join(run, "checkpoints", "best"))
-			link(t, "step-4", filepath.Join(run, "checkpoints", "last"))
-			os.WriteFile(filepath.Join(run, "checkpoints", "best.json"), []byte(`{"step":2,"checkpoint":"step-2","f1_well_formed":0.4875,"f1":0.5125}`), 0o644)
-			return run
-		}, "checkpoints/step-2", "best (step 2, validation F1 0.512, well-formed F1 0.487)", ""},
-		{"a run folder without best (train.keep_best off, or an older run)", func(t *testing.T, run string) string {
-			mk(t, filepath.Join(run, "checkpoints", "step-4"))
-			link(t, "step-4", filepath.Join(run, "checkpoints", "last"))
-			return run
-		}, "checkpoints/step-4", "last", ""},
-		{"a run folder with an absolute link", func(t *testing.T, run string) string {
-			mk(t, filepath.Join(run, "checkpoints", "sft"))
-			link(t, filepath.Join(run, "checkpoints", "sft"), filepath.Join(run, "checkpoints", "last"))
-			return run
-		}, "checkpoints/sft", "last", ""},
-		{"a run folder without checkpoints yet", func(t *testing.T, run string) string {
-			os.MkdirAll(filepath.Join(run, "checkpoints"), 0o755)
-			return run
-		}, "", "", "no checkpoint yet"},
-		{"best naming an incomplete checkpoint", func(t *testing.T, run string) string {
-			os.MkdirAll(filepath.Join(run, "checkpoints", "step-2"), 0o755)
-			link(t, "step-2", filepath.Join(run, "checkpoints", "best"))
-			return run
-		}, "", "", "not a complete checkpoint"},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			run := t.TempDir()
-			arg := c.setup(t, run)
-			got, which, err := ResolveCheckpoint(arg)
-			if c.wantError != "" {
-				if err == nil || !strings.Contains(err.Error(), c.wantError) {
-					t.Fatalf("ResolveCheckpoint(%s) = %q, %v; want an error saying %q", arg, got, err, c.wantError)
-				}
-				return
-			}
-			if err != nil || got != filepath.Join(run, c.want) || which != c.which {
-				t.Fatalf("ResolveCheckpoint(%s) = %q, %q, %v; want %q, %q", arg, got, which, err, filepath.Join(run, c.want), c.which)
-			}
-		})
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/internal/hfmodel"
+	"github.com/recal-project/recal/rollout"
 )
 
 // Checkpoints. A run's checkpoints/ folder holds
@@ -43,7 +44,7 @@ import (
 // best.json if a kill came between the switch of last and that of best.
 
 // checkpointFiles are the files every complete checkpoint holds.
-var checkpointFiles = []string{"config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json"}
+var checkpointFiles = rollout.CheckpointFiles
 
 // fileOps runs the checkpoint writer's file operations, one call each. Tests
 // substitute one that stops at the k-th operation, as a crash there would:
@@ -60,7 +61,7 @@ func (directOps) do(_ string, op func() error) error { return op() }
 // checkpoint writes checkpoints/<name> (step-N when name is ""): the policy
 // in Hugging Face format, the optimizer state and the trainer state, then
 // points checkpoints/last at it (see the layout above).
-func (r *runDir) checkpoint(eng *Engine, st *State, sampler *data.Sampler, name string) error {
+func (r *runDir) checkpoint(eng *rollout.Engine, st *State, sampler *data.Sampler, name string) error {
 	if name == "" {
 		name = fmt.Sprintf("step-%d", st.Step)
 	}
@@ -160,11 +161,11 @@ type bestCheckpoint struct {
 // well formed scored 0 (Score.F1WellFormed), so a tie keeps the earlier step
 // and a policy whose format collapsed is not kept for answers the protocol
 // cannot rely on. A validation of no question beats nothing.
-func (b bestCheckpoint) improvedBy(v ValidationResult) bool {
+func (b bestCheckpoint) improvedBy(v rollout.ValidationResult) bool {
 	return v.Avg.N > 0 && (b.Checkpoint == "" || v.Avg.F1WellFormed > b.F1WellFormed)
 }
 
-func bestOf(v ValidationResult) bestCheckpoint {
+func bestOf(v rollout.ValidationResult) bestCheckpoint {
 	return bestCheckpoint{Step: v.Step, Checkpoint: fmt.Sprintf("step-%d", v.Step),
 		F1WellFormed: v.Avg.F1WellFormed, F1: v.Avg.F1, EM: v.Avg.EM, WellFormed: v.Avg.WellFormed}
 }
@@ -180,12 +181,12 @@ func recoverBest(dir string, step int) (bestCheckpoint, error) {
 	if step < 0 || !exists(path) {
 		return b, nil
 	}
-	vals, err := readLines[ValidationResult](path)
+	vals, err := readLines[rollout.ValidationResult](path)
 	if err != nil {
 		return b, err
 	}
 	for _, v := range vals {
-		if v.Step > step || !b.improvedBy(v) || !complete(filepath.Join(dir, "checkpoints", fmt.Sprintf("step-%d", v.Step))) {
+		if v.Step > step || !b.improvedBy(v) || !rollout.Complete(filepath.Join(dir, "checkpoints", fmt.Sprintf("step-%d", v.Step))) {
 			continue
 		}
 		b = bestOf(v)
@@ -197,7 +198,7 @@ func recoverBest(dir string, step int) (bestCheckpoint, error) {
 // by renaming a new symbolic link over it, and records b in best.json.
 func (r *runDir) keepBest(b bestCheckpoint) error {
 	ck := filepath.Join(r.dir, "checkpoints")
-	if !complete(filepath.Join(ck, b.Checkpoint)) {
+	if !rollout.Complete(filepath.Join(ck, b.Checkpoint)) {
 		return fmt.Errorf("trainer: best checkpoint %s: not a complete checkpoint", b.Checkpoint)
 	}
 	text, err := json.MarshalIndent(b, "", "  ")
@@ -250,51 +251,6 @@ func (r *runDir) repairBest(b bestCheckpoint) error {
 		return nil
 	}
 	return r.keepBest(b)
-}
-
-// complete reports whether dir holds every file of a checkpoint.
-func complete(dir string) bool {
-	for _, f := range checkpointFiles {
-		if !exists(filepath.Join(dir, f)) {
-			return false
-		}
-	}
-	return true
-}
-
-// ResolveCheckpoint returns the policy checkpoint a command given dir should
-// load: dir itself when it is a checkpoint folder; for a training run folder
-// (one holding checkpoints/), the folder its checkpoints/best names when
-// there is one (train.keep_best), else the one checkpoints/last names. which
-// says what was picked ("best (step 40, validation F1 0.512, well-formed
-// F1 0.498)", "last", or "" for dir itself).
-func ResolveCheckpoint(dir string) (path, which string, err error) {
-	ck := filepath.Join(dir, "checkpoints")
-	if st, err := os.Stat(ck); err != nil || !st.IsDir() {
-		return dir, "", nil
-	}
-	for _, name := range []string{"best", "last"} {
-		target, err := os.Readlink(filepath.Join(ck, name))
-		if errors.Is(err, fs.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			return "", "", fmt.Errorf("trainer: %w", err)
-		}
-		if !filepath.IsAbs(target) {
-			target = filepath.Join(ck, target)
-		}
-		if !complete(target) {
-			return "", "", fmt.Errorf("trainer: %s names %s, which is not a complete checkpoint", filepath.Join(ck, name), target)
-		}
-		which = name
-		var b bestCheckpoint
-		if name == "best" && readJSON(filepath.Join(ck, "best.json"), &b) == nil && filepath.Base(target) == b.Checkpoint {
-			which = fmt.Sprintf("best (step %d, validation F1 %.3f, well-formed F1 %.3f)", b.Step, b.F1, b.F1WellFormed)
-		}
-		return target, which, nil
-	}
-	return "", "", fmt.Errorf("trainer: run folder %s has no checkpoint yet (neither checkpoints/best nor checkpoints/last)", dir)
 }
 
 // lastCheckpoint returns the folder checkpoints/last names, "" when there is

@@ -14,6 +14,7 @@ import (
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/internal/testpolicy"
+	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/router"
 	"github.com/recal-project/recal/torchbridge"
 )
@@ -40,11 +41,11 @@ func (c *crashOps) do(what string, op func() error) error {
 // snapshot is a policy with optimizer state and the files a checkpoint of it
 // must hold.
 type snapshot struct {
-	eng          *Engine
+	eng          *rollout.Engine
 	model, optim []byte
 }
 
-func trainOneStep(t *testing.T, eng *Engine) {
+func trainOneStep(t *testing.T, eng *rollout.Engine) {
 	t.Helper()
 	ctx := context.Background()
 	if _, _, err := eng.Policy.BackwardNLL(ctx, [][]int32{{11, 12, 13, 14, 15, 16}}, [][]float32{{0, 1, 1, 1, 1, 1}}, 0.2, 64); err != nil {
@@ -57,7 +58,7 @@ func trainOneStep(t *testing.T, eng *Engine) {
 
 // takeSnapshot saves eng's weights and optimizer and returns them with an
 // engine of their own that holds them.
-func takeSnapshot(t *testing.T, eng *Engine) snapshot {
+func takeSnapshot(t *testing.T, eng *rollout.Engine) snapshot {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "ref")
 	if err := eng.Policy.Save(dir); err != nil {
@@ -66,7 +67,7 @@ func takeSnapshot(t *testing.T, eng *Engine) snapshot {
 	if err := eng.Policy.SaveOptimizer(filepath.Join(dir, "optimizer.safetensors")); err != nil {
 		t.Fatal(err)
 	}
-	own, err := OpenEngine(dir, torchbridge.Options{})
+	own, err := rollout.OpenEngine(dir, torchbridge.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,14 +84,14 @@ func takeSnapshot(t *testing.T, eng *Engine) snapshot {
 // a complete checkpoint, the old or the new one, that loads (weights,
 // optimizer, trainer state), and the resume logic continues from it.
 func TestCheckpointSurvivesACrashAtEveryOperation(t *testing.T) {
-	if err := SetThreads(2); err != nil {
+	if err := rollout.SetThreads(2); err != nil {
 		t.Fatal(err)
 	}
 	cfg, err := config.Load("../recal.toml", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	eng, err := OpenEngine(testpolicy.Micro(t, "..", 1), torchbridge.Options{})
+	eng, err := rollout.OpenEngine(testpolicy.Micro(t, "..", 1), torchbridge.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +242,7 @@ func checkAfterCrash(t *testing.T, run string, cfg config.Config, want string, s
 				t.Fatalf("crash at %q: last/%s (%v) is not the %s checkpoint's", at, file, err, want)
 			}
 		}
-		eng, err := OpenEngine(path, torchbridge.Options{})
+		eng, err := rollout.OpenEngine(path, torchbridge.Options{})
 		if err != nil {
 			t.Fatalf("crash at %q: loading last: %v", at, err)
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/dist"
 	"github.com/recal-project/recal/llmpool"
+	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/router"
 	"github.com/recal-project/recal/torchbridge"
 )
@@ -317,14 +318,14 @@ func (r ranks) gatherLoss(ctx context.Context, mine rankLoss) (torchbridge.LossS
 // validateShared answers this rank's share of the held-out questions and
 // gathers every rank's answers; ok is false on every rank when any rank
 // was interrupted (the validation is then skipped by all).
-func validateShared(ctx context.Context, r ranks, env *Env, val []data.Example, batch, step int) (v ValidationResult, ok bool, err error) {
+func validateShared(ctx context.Context, r ranks, env *rollout.Env, val []data.Example, batch, step int) (v rollout.ValidationResult, ok bool, err error) {
 	lo, hi := r.share(len(val))
 	type part struct {
 		Interrupted bool
-		Results     []QuestionResult
+		Results     []rollout.QuestionResult
 	}
 	var mine part
-	mine.Results, err = Answer(ctx, env, val[lo:hi], batch)
+	mine.Results, err = rollout.Answer(ctx, env, val[lo:hi], batch)
 	if err != nil {
 		if ctx.Err() == nil {
 			return v, false, err
@@ -335,15 +336,15 @@ func validateShared(ctx context.Context, r ranks, env *Env, val []data.Example, 
 	if err != nil {
 		return v, false, err
 	}
-	var all []QuestionResult
+	var all []rollout.QuestionResult
 	for _, p := range parts {
 		if p.Interrupted {
 			return v, false, nil
 		}
 		all = append(all, p.Results...)
 	}
-	per, avg := Summarize(all)
-	return ValidationResult{Step: step, Datasets: per, Avg: avg}, true, nil
+	per, avg := rollout.Summarize(all)
+	return rollout.ValidationResult{Step: step, Datasets: per, Avg: avg}, true, nil
 }
 
 // SharePool gives this rank its share of the pool's global limits: the

@@ -21,6 +21,7 @@ import (
 
 	"github.com/recal-project/recal/dist"
 	"github.com/recal-project/recal/internal/ranktest"
+	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/trainer"
 )
 
@@ -61,7 +62,7 @@ func TestTrainRankHelper(t *testing.T) {
 		sets = strings.Split(s, "|")
 	}
 	cfg := testConfig(t, os.Getenv(rankCkEnv), append(append([]string{}, distSets...), sets...)...)
-	if err := trainer.SetThreads(1); err != nil {
+	if err := rollout.SetThreads(1); err != nil {
 		t.Fatal(err)
 	}
 	l, err := dist.FromEnv()
@@ -117,7 +118,7 @@ func TestTrainDataParallel(t *testing.T) {
 	if os.Getenv(rankHelperEnv) != "" {
 		t.Skip("inside a helper rank")
 	}
-	if err := trainer.SetThreads(1); err != nil {
+	if err := rollout.SetThreads(1); err != nil {
 		t.Fatal(err)
 	}
 	ck := microCheckpoint(t)

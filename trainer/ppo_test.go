@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/recal-project/recal/internal/hfmodel"
+	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/trainer"
 )
 
@@ -54,7 +55,7 @@ func gaeReference(t *testing.T, run string) (int, float64, string) {
 // value loss and the explained variance; checkpoints hold the value head
 // beside a model.safetensors without it.
 func TestPPOMatchesReference(t *testing.T) {
-	if err := trainer.SetThreads(2); err != nil {
+	if err := rollout.SetThreads(2); err != nil {
 		t.Fatal(err)
 	}
 	ck := microCheckpoint(t)
@@ -121,7 +122,7 @@ func TestPPOMatchesReference(t *testing.T) {
 // the uninterrupted one: the value head, its optimizer state and the cost
 // window come back with the checkpoint.
 func TestPPOResumeMatchesUninterrupted(t *testing.T) {
-	if err := trainer.SetThreads(2); err != nil {
+	if err := rollout.SetThreads(2); err != nil {
 		t.Fatal(err)
 	}
 	ck := microCheckpoint(t)

@@ -17,6 +17,7 @@ import (
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/internal/runlock"
 	"github.com/recal-project/recal/llmpool"
+	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/trainer"
 )
 
@@ -24,7 +25,7 @@ import (
 // policy checkpoint) leaves no run folder behind, so that the second attempt
 // with the problem fixed runs without --resume and without deleting anything.
 func TestFailedStartLeavesNoRunFolder(t *testing.T) {
-	if err := trainer.SetThreads(2); err != nil {
+	if err := rollout.SetThreads(2); err != nil {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -105,7 +106,7 @@ func TestTrainRefusesARunFolderInUse(t *testing.T) {
 // with the step it took effect at, so that the advantage reference check
 // still reproduces every step.
 func TestResumeConfigChange(t *testing.T) {
-	if err := trainer.SetThreads(2); err != nil {
+	if err := rollout.SetThreads(2); err != nil {
 		t.Fatal(err)
 	}
 	ck := microCheckpoint(t)

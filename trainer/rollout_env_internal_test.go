@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/recal-project/recal/config"
+	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/router"
 )
 
@@ -11,7 +12,7 @@ import (
 // router.no_repeat_ngram; nothing else of the protocol changes.
 func TestRolloutEnv(t *testing.T) {
 	prompt := &router.Prompt{}
-	env := &Env{Prompt: prompt, Router: router.Config{MaxTurns: 3, TurnTokens: 96, InfoTokens: 32, NoRepeatNGram: 3}}
+	env := &rollout.Env{Prompt: prompt, Router: router.Config{MaxTurns: 3, TurnTokens: 96, InfoTokens: 32, NoRepeatNGram: 3}}
 	for _, c := range []struct {
 		train int
 		same  bool

@@ -15,6 +15,7 @@ import (
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/internal/hfmodel"
+	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/router"
 )
 
@@ -146,7 +147,7 @@ func openRun(p runPlan, cfg config.Config) (*runDir, error) {
 		// it is left as it is unless it names a checkpoint no longer there.
 		if cfg.Train.KeepBest {
 			err = r.repairBest(p.best)
-		} else if target, lerr := os.Readlink(filepath.Join(ck, "best")); lerr == nil && !complete(filepath.Join(ck, filepath.Base(target))) {
+		} else if target, lerr := os.Readlink(filepath.Join(ck, "best")); lerr == nil && !rollout.Complete(filepath.Join(ck, filepath.Base(target))) {
 			err = r.repairBest(bestCheckpoint{})
 		}
 		if err != nil {
@@ -396,14 +397,14 @@ func (r *runDir) logStep(m Metrics, qs []data.Example, g int, samples []router.S
 	return writeJSONLine(r.metrics, m)
 }
 
-func (r *runDir) logValidation(v ValidationResult) error {
+func (r *runDir) logValidation(v rollout.ValidationResult) error {
 	if r.follower {
 		return nil
 	}
 	return writeJSONLine(r.vals, v)
 }
 
-func (r *runDir) logSFT(l sftLine) error {
+func (r *runDir) logSFT(l SFTLine) error {
 	if r.follower {
 		return nil
 	}

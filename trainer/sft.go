@@ -10,6 +10,7 @@ import (
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/llmpool"
+	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/router"
 	"github.com/recal-project/recal/tokenizer"
 	"github.com/recal-project/recal/torchbridge"
@@ -42,7 +43,7 @@ type Demo struct {
 // The answer is the golden answer the reply contains, else the reply's text
 // after "answer is", else its first words. The mask is 1 on the think and
 // search turn and answerWeight on the answer turn (0 on prompt and reply).
-func BuildDemos(ctx context.Context, env *Env, qs []data.Example, seed int64, answerWeight float32) ([]Demo, error) {
+func BuildDemos(ctx context.Context, env *rollout.Env, qs []data.Example, seed int64, answerWeight float32) ([]Demo, error) {
 	models := env.Pool.Models()
 	if len(models) == 0 {
 		return nil, fmt.Errorf("trainer: sft: the pool has no models")
@@ -51,7 +52,7 @@ func BuildDemos(ctx context.Context, env *Env, qs []data.Example, seed int64, an
 	for i, q := range qs {
 		h := fnv.New64a()
 		fmt.Fprintf(h, "%d/%s", seed, q.ID)
-		qq := Question(q)
+		qq := rollout.Question(q)
 		reqs[i] = llmpool.Request{Model: models[h.Sum64()%uint64(len(models))].Name, Query: q.Question, Question: &qq}
 	}
 	replies := env.Pool.CallBatch(ctx, reqs)
@@ -68,14 +69,14 @@ func BuildDemos(ctx context.Context, env *Env, qs []data.Example, seed int64, an
 		answer, correct := demoAnswer(replies[i].Text, q.Golden)
 		// The question, the reply and the answer drawn from it are plain
 		// text: "<|im_end|>" in them is never a control token.
-		turn1 := ToInt32(tok.EncodeSegments(tokenizer.Segment{Text: router.ThinkOpen + demoThinkSearch + router.ThinkClose + "\n" + router.SearchOpen + reqs[i].Model + ": "},
+		turn1 := rollout.ToInt32(tok.EncodeSegments(tokenizer.Segment{Text: router.ThinkOpen + demoThinkSearch + router.ThinkClose + "\n" + router.SearchOpen + reqs[i].Model + ": "},
 			tokenizer.Segment{Text: q.Question, Plain: true}, tokenizer.Segment{Text: router.SearchClose}))
 		info, _ := router.InfoBlock(tok, replies[i].Text, env.Router.InfoTokens)
 		// A space before the answer: " Paris" is the token the reply has
 		// after "The answer is", so answering is copying tokens, not
 		// mapping each to its space-less twin (which a small policy cannot
 		// do for words it has not seen as the first of an answer).
-		turn2 := ToInt32(tok.EncodeSegments(tokenizer.Segment{Text: router.AnswerOpen + " "}, tokenizer.Segment{Text: answer, Plain: true}, tokenizer.Segment{Text: router.AnswerClose}))
+		turn2 := rollout.ToInt32(tok.EncodeSegments(tokenizer.Segment{Text: router.AnswerOpen + " "}, tokenizer.Segment{Text: answer, Plain: true}, tokenizer.Segment{Text: router.AnswerClose}))
 		d := Demo{Correct: correct}
 		d.Tokens = append(append(append(append(d.Tokens, prompt...), turn1...), info...), turn2...)
 		d.Mask = make([]float32, len(d.Tokens))
@@ -108,8 +109,8 @@ func demoAnswer(reply string, golden []string) (string, bool) {
 	return text, false
 }
 
-// sftLine is one line of sft.jsonl.
-type sftLine struct {
+// SFTLine is one line of sft.jsonl (the warm-up's, and SFT-direct's).
+type SFTLine struct {
 	Stage  string  `json:"stage"`
 	Step   int     `json:"step"`
 	NLL    float64 `json:"nll"`    // mean negative log-likelihood per policy token, weighted by the mask (sft.answer_weight on the answer turn)
@@ -118,22 +119,22 @@ type sftLine struct {
 }
 
 // runSFT is the supervised warm-up: maximum likelihood of the policy tokens
-// of format demonstrations (BuildDemos), fitted by fitDemos, data-parallel
+// of format demonstrations (BuildDemos), fitted by FitDemos, data-parallel
 // over the ranks of r.
-func runSFT(ctx context.Context, cfg config.Config, env *Env, r ranks, train []data.Example, run *runDir, log *slog.Logger) error {
+func runSFT(ctx context.Context, cfg config.Config, env *rollout.Env, r ranks, train []data.Example, run *runDir, log *slog.Logger) error {
 	build := func(step int, qs []data.Example) ([]Demo, error) {
 		return BuildDemos(ctx, env, qs, cfg.Train.Seed+int64(step), float32(cfg.SFT.AnswerWeight))
 	}
 	return fitShared(ctx, cfg, env.Engine.Policy, r, train, "sft", build, run.logSFT, log)
 }
 
-// fitDemos runs sft.steps steps of maximum likelihood of the policy tokens
+// FitDemos runs sft.steps steps of maximum likelihood of the policy tokens
 // (weighted by each demonstration's mask) of the demonstrations build makes
 // from each batch of sft.batch_size training questions: AdamW with
 // grad-norm clipping and a learning rate decaying linearly from sft.lr to
 // zero. record receives one line per step, tagged with stage.
-func fitDemos(ctx context.Context, cfg config.Config, p *torchbridge.Policy, train []data.Example, stage string,
-	build func(step int, qs []data.Example) ([]Demo, error), record func(sftLine) error, log *slog.Logger) error {
+func FitDemos(ctx context.Context, cfg config.Config, p *torchbridge.Policy, train []data.Example, stage string,
+	build func(step int, qs []data.Example) ([]Demo, error), record func(SFTLine) error, log *slog.Logger) error {
 	r, err := newRanks(nil, p, false)
 	if err != nil {
 		return err
@@ -148,7 +149,7 @@ type sftPart struct {
 	Demos       []Demo
 }
 
-// fitShared is fitDemos over the ranks of r. Every rank draws the same
+// fitShared is FitDemos over the ranks of r. Every rank draws the same
 // questions and builds (asks the pool for) the demonstrations of its
 // contiguous share; the demonstrations are all-gathered, and every rank
 // then fits the whole batch exactly as one process does: the same
@@ -159,7 +160,7 @@ type sftPart struct {
 // backward passes are repeated on every rank, not split: N ranks warm up
 // no faster than one.
 func fitShared(ctx context.Context, cfg config.Config, p *torchbridge.Policy, r ranks, train []data.Example, stage string,
-	build func(step int, qs []data.Example) ([]Demo, error), record func(sftLine) error, log *slog.Logger) error {
+	build func(step int, qs []data.Example) ([]Demo, error), record func(SFTLine) error, log *slog.Logger) error {
 	sampler, err := data.NewSampler(train, cfg.Train.Seed+1)
 	if err != nil {
 		return err
@@ -227,7 +228,7 @@ func fitShared(ctx context.Context, cfg config.Config, p *torchbridge.Policy, r 
 		if _, err := p.Step(work, adam); err != nil {
 			return err
 		}
-		if err := record(sftLine{Stage: stage, Step: step, NLL: nll / total, Tokens: tokens, Demos: len(seqs)}); err != nil {
+		if err := record(SFTLine{Stage: stage, Step: step, NLL: nll / total, Tokens: tokens, Demos: len(seqs)}); err != nil {
 			return err
 		}
 		if step%20 == 0 || step == cfg.SFT.Steps {

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/recal-project/recal/data"
+	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/torchbridge"
 	"github.com/recal-project/recal/trainer"
 )
@@ -18,12 +19,12 @@ import (
 func TestUntrustedTextStaysPlain(t *testing.T) {
 	ck := microCheckpoint(t)
 	cfg := testConfig(t, ck, "router.info_tokens=64")
-	eng, err := trainer.OpenEngine(ck, torchbridge.Options{})
+	eng, err := rollout.OpenEngine(ck, torchbridge.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer eng.Close()
-	env, err := trainer.NewEnv(cfg, eng, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	env, err := rollout.NewEnv(cfg, eng, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/recal-project/recal/dist"
 	"github.com/recal-project/recal/generate"
 	"github.com/recal-project/recal/internal/runlock"
+	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/router"
 	"github.com/recal-project/recal/torchbridge"
 )
@@ -97,7 +98,7 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 	}
 	// The pool reads its API keys from the environment: a missing one stops
 	// the job here.
-	if err := CheckPool(cfg); err != nil {
+	if err := rollout.CheckPool(cfg); err != nil {
 		return err
 	}
 
@@ -119,7 +120,7 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 	if plan.last != "" {
 		start = plan.last
 	}
-	eng, err := OpenEngine(start, torchbridge.Options{Device: device, DType: cfg.Policy.DType})
+	eng, err := rollout.OpenEngine(start, torchbridge.Options{Device: device, DType: cfg.Policy.DType})
 	if err != nil {
 		return err
 	}
@@ -141,7 +142,7 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 	// Each rank gets its share of the pool's global limits.
 	ec := cfg
 	ec.Pool = SharePool(cfg.Pool, r.Rank(), r.Size(), log)
-	env, err := NewEnv(ec, eng, AnswerBank(trainSet, valSet), log)
+	env, err := rollout.NewEnv(ec, eng, rollout.AnswerBank(trainSet, valSet), log)
 	if err != nil {
 		return err
 	}
@@ -319,9 +320,9 @@ type job struct {
 	cfg      config.Config
 	r        ranks
 	algo     algorithm
-	env      *Env
-	rollEnv  *Env // env with train.no_repeat_ngram: the GRPO rollouts' protocol
-	eng      *Engine
+	env      *rollout.Env
+	rollEnv  *rollout.Env // env with train.no_repeat_ngram: the GRPO rollouts' protocol
+	eng      *rollout.Engine
 	ref      *torchbridge.Policy // the KL reference (nil without one)
 	st       *State
 	sampler  *data.Sampler
@@ -335,7 +336,7 @@ type job struct {
 // rolloutEnv is env for the GRPO rollouts: the same prompt and protocol
 // but train.no_repeat_ngram in place of router.no_repeat_ngram, which
 // validation (and evaluation, serving) keep.
-func rolloutEnv(env *Env, tc config.Train) *Env {
+func rolloutEnv(env *rollout.Env, tc config.Train) *rollout.Env {
 	if env.Router.NoRepeatNGram == tc.NoRepeatNGram {
 		return env
 	}

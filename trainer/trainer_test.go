@@ -23,6 +23,7 @@ import (
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/internal/hfmodel"
 	"github.com/recal-project/recal/internal/testpolicy"
+	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/torchbridge"
 	"github.com/recal-project/recal/trainer"
 )
@@ -89,7 +90,7 @@ func params(t *testing.T, dir string) map[string][]byte {
 // A few GRPO steps keep the loss finite and change every parameter; the run
 // folder holds what the trainer promises.
 func TestTrainLearns(t *testing.T) {
-	if err := trainer.SetThreads(2); err != nil {
+	if err := rollout.SetThreads(2); err != nil {
 		t.Fatal(err)
 	}
 	ck := microCheckpoint(t)
@@ -148,7 +149,7 @@ func TestTrainLearns(t *testing.T) {
 // included, which follows train.lr_schedule from the checkpoint's step), the
 // same weights and the same checkpoints/best.
 func TestResumeMatchesUninterrupted(t *testing.T) {
-	if err := trainer.SetThreads(2); err != nil {
+	if err := rollout.SetThreads(2); err != nil {
 		t.Fatal(err)
 	}
 	ck := microCheckpoint(t)
@@ -229,7 +230,7 @@ func TestResumeMatchesUninterrupted(t *testing.T) {
 // API key, set in the environment, appears in no file the run writes; a
 // missing key stops the job before anything is written.
 func TestSecretsStayOut(t *testing.T) {
-	if err := trainer.SetThreads(2); err != nil {
+	if err := rollout.SetThreads(2); err != nil {
 		t.Fatal(err)
 	}
 	const secret = "sk-recal-test-7f3a9c1e5b"
@@ -315,12 +316,12 @@ func mustAbs(t *testing.T, p string) string {
 func TestDemoAnswerWeight(t *testing.T) {
 	ck := microCheckpoint(t)
 	cfg := testConfig(t, ck, "router.info_tokens=32") // the whole reply, answer included
-	eng, err := trainer.OpenEngine(ck, torchbridge.Options{})
+	eng, err := rollout.OpenEngine(ck, torchbridge.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer eng.Close()
-	env, err := trainer.NewEnv(cfg, eng, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	env, err := rollout.NewEnv(cfg, eng, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -395,7 +396,7 @@ func optimizerStep(t *testing.T, ckpt string) (step string, zeroMoments bool) {
 // train.reset_optimizer_after_sft: GRPO starts from a fresh AdamW (step 0,
 // zero moments) after the warm-up, or, when false, continues the warm-up's.
 func TestResetOptimizerAfterSFT(t *testing.T) {
-	if err := trainer.SetThreads(2); err != nil {
+	if err := rollout.SetThreads(2); err != nil {
 		t.Fatal(err)
 	}
 	ck := microCheckpoint(t)
@@ -455,7 +456,7 @@ func poisoned(t *testing.T, ck string) string {
 // log, and train.max_skipped_updates in a row stop the run with an error
 // naming the step; 0 never stops.
 func TestSkippedUpdates(t *testing.T) {
-	if err := trainer.SetThreads(2); err != nil {
+	if err := rollout.SetThreads(2); err != nil {
 		t.Fatal(err)
 	}
 	ck := poisoned(t, microCheckpoint(t))
@@ -504,7 +505,7 @@ func TestSkippedUpdates(t *testing.T) {
 // the key (another thread count may round the rollouts' log-probabilities
 // differently in the last bit).
 func TestDecodeThreads(t *testing.T) {
-	if err := trainer.SetThreads(2); err != nil {
+	if err := rollout.SetThreads(2); err != nil {
 		t.Fatal(err)
 	}
 	ck := microCheckpoint(t)
@@ -516,7 +517,7 @@ func TestDecodeThreads(t *testing.T) {
 	if got, err := torchbridge.Threads(); err != nil || got != 2 {
 		t.Fatalf("%d threads after the run (%v), want the job's 2", got, err)
 	}
-	restore, err := trainer.DecodeThreads(1)
+	restore, err := rollout.DecodeThreads(1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -543,7 +544,7 @@ func TestDecodeThreads(t *testing.T) {
 // validations and weights (a row's log-probs do not depend on the rows
 // sharing its decode call), and a resume may change the key.
 func TestRolloutWorkers(t *testing.T) {
-	if err := trainer.SetThreads(2); err != nil {
+	if err := rollout.SetThreads(2); err != nil {
 		t.Fatal(err)
 	}
 	ck := microCheckpoint(t)

@@ -12,7 +12,7 @@ import (
 	"github.com/recal-project/recal/baselines"
 	"github.com/recal-project/recal/eval"
 	"github.com/recal-project/recal/llmpool"
-	"github.com/recal-project/recal/trainer"
+	"github.com/recal-project/recal/rollout"
 )
 
 func collectCommand() *cli.Command {
@@ -64,7 +64,7 @@ func runCollect(ctx context.Context, cmd *cli.Command) error {
 	if err != nil {
 		return err
 	}
-	bank := trainer.AnswerBank(full, val)
+	bank := rollout.AnswerBank(full, val)
 	pool, err := llmpool.New(cfg.Pool, llmpool.WithLogger(slog.Default()), llmpool.WithAnswerBank(bank))
 	if err != nil {
 		return err

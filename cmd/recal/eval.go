@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 
@@ -13,10 +12,8 @@ import (
 
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
-	"github.com/recal-project/recal/dist"
 	"github.com/recal-project/recal/eval"
-	"github.com/recal-project/recal/torchbridge"
-	"github.com/recal-project/recal/trainer"
+	"github.com/recal-project/recal/rollout"
 )
 
 const defaultRouters = "policy,direct,largest,random,prompt,knn"
@@ -57,93 +54,36 @@ func evalCommand() *cli.Command {
 	}
 }
 
-// evalSelection names the test datasets of --split or --datasets, and the
-// selection's name for the default --out.
-func evalSelection(cmd *cli.Command) ([]string, string, error) {
-	sel := cmd.String("split")
-	names, err := data.Split(sel)
-	if cmd.IsSet("datasets") {
-		sel = strings.ReplaceAll(cmd.String("datasets"), ",", "+")
-		names, err = data.Expand(strings.Split(cmd.String("datasets"), ","))
-	}
-	if err != nil {
-		return nil, "", usageError{err}
-	}
-	return names, sel, nil
-}
-
-// evalQuestions loads the test questions of --split or --datasets.
-func evalQuestions(cmd *cli.Command, cfg config.Config) ([]data.Example, string, error) {
-	names, sel, err := evalSelection(cmd)
-	if err != nil {
-		return nil, "", err
-	}
-	cfg.Data.Test = names
-	qs, err := cfg.Data.LoadTest()
-	return qs, sel, err
-}
-
-// evalOut is --out, or its default: eval-<selection> in the run folder of
-// the checkpoint (…/run/checkpoints/step-N), else runs/eval-<selection>.
+// evalOut is --out, or its default (eval.DefaultOut).
 func evalOut(cmd *cli.Command, checkpoint, sel string) string {
 	if out := cmd.String("out"); out != "" {
 		return out
 	}
-	run := filepath.Dir(filepath.Dir(filepath.Clean(checkpoint)))
-	if !fileExists(filepath.Join(run, "config.toml")) {
-		return filepath.Join("runs", "eval-"+sel)
-	}
-	return filepath.Join(run, "eval-"+sel)
+	return eval.DefaultOut(checkpoint, sel)
 }
 
-// knnLogOf is --knn-log, or the rollouts.jsonl of the checkpoint's run ("" if none).
+// knnLogOf is --knn-log, or the rollouts.jsonl of the checkpoint's run
+// (eval.RunRollouts; "" if none).
 func knnLogOf(cmd *cli.Command, checkpoint string) string {
 	if p := cmd.String("knn-log"); p != "" {
 		return p
 	}
-	if guess := filepath.Join(filepath.Dir(filepath.Dir(filepath.Clean(checkpoint))), "rollouts.jsonl"); fileExists(guess) {
-		return guess
-	}
-	return ""
+	return eval.RunRollouts(checkpoint)
 }
 
 // evalSetup opens the policy and the pool (with the extra models).
 func evalSetup(cmd *cli.Command, cfg config.Config, checkpoint string, qs []data.Example) (eval.Setup, func(), error) {
-	if p := cmd.String("extra-models"); p != "" {
-		extra, err := eval.LoadExtraModels(p)
-		if err != nil {
-			return eval.Setup{}, nil, usageError{err}
-		}
-		cfg.Pool.Models = append(cfg.Pool.Models, extra...)
-		if err := cfg.Pool.Validate(); err != nil {
-			return eval.Setup{}, nil, usageError{fmt.Errorf("%s: %w", p, err)}
-		}
-	}
-	eng, err := trainer.OpenEngine(checkpoint, torchbridge.Options{Device: cfg.Policy.Device, DType: cfg.Policy.DType})
+	cfg, err := withExtraModels(cfg, cmd.String("extra-models"))
 	if err != nil {
-		return eval.Setup{}, nil, fmt.Errorf("checkpoint %s is not a policy: %w", checkpoint, err)
-	}
-	train, val, err := cfg.Data.LoadTrain()
-	if err != nil {
-		eng.Close()
 		return eval.Setup{}, nil, err
 	}
-	env, err := trainer.NewEnv(cfg, eng, trainer.AnswerBank(train, val, qs), slog.Default())
+	s, closeAll, err := eval.Open(cfg, checkpoint, qs, slog.Default())
 	if err != nil {
-		eng.Close()
 		return eval.Setup{}, nil, err
 	}
-	knnLog := knnLogOf(cmd, checkpoint)
-	s := eval.Setup{Env: env, Batch: cfg.Eval.Batch, Seed: cfg.Train.Seed, Largest: cmd.String("largest"),
-		Selector: cmd.String("selector"), KNNLog: knnLog, KNNK: int(cmd.Int("knn-k")), Pool: cfg.Pool,
-		SFTCheckpoint: cmd.String("sft-checkpoint"), CoTTemplate: cmd.String("cot-template"),
-		RouterDir: cmd.String("router-dir"), Embedding: cfg.Embedding, EmbeddingCache: embeddingCache(cfg)}
-	return s, func() { env.Close(); eng.Close() }, nil
-}
-
-func fileExists(p string) bool {
-	_, err := os.Stat(p)
-	return err == nil
+	s.Largest, s.Selector, s.KNNLog, s.KNNK = cmd.String("largest"), cmd.String("selector"), knnLogOf(cmd, checkpoint), int(cmd.Int("knn-k"))
+	s.SFTCheckpoint, s.CoTTemplate, s.RouterDir = cmd.String("sft-checkpoint"), cmd.String("cot-template"), cmd.String("router-dir")
+	return s, closeAll, nil
 }
 
 func runEval(ctx context.Context, cmd *cli.Command) error {
@@ -161,7 +101,7 @@ func runEval(ctx context.Context, cmd *cli.Command) error {
 		}
 	}
 	// A run folder stands for its best checkpoint (train.keep_best), else its last.
-	ck, which, err := trainer.ResolveCheckpoint(cmd.String("checkpoint"))
+	ck, which, err := rollout.ResolveCheckpoint(cmd.String("checkpoint"))
 	if err != nil {
 		return usageError{fmt.Errorf("--checkpoint: %w", err)}
 	}
@@ -193,15 +133,7 @@ func runEval(ctx context.Context, cmd *cli.Command) error {
 	if err := rankThreads(cmd, cfg.Policy.Threads, launch); err != nil {
 		return err
 	}
-	// Each rank: its own GPU (policy.device = "cuda") and its share of the
-	// pool's global limits.
-	if cfg.Policy.Device, err = trainer.RankDevice(cfg.Policy.Device, launch); err != nil {
-		return usageError{err}
-	}
-	cfg.Pool = trainer.SharePool(cfg.Pool, launch.Rank, launch.WorldSize, slog.Default())
-	group, err := joinRanks(ctx, launch, cmd, cfg.Dist.Timeout, func() (dist.Group, error) {
-		return trainer.JoinGroup(ctx, launch, cfg.Dist, cfg.Policy.Device)
-	})
+	group, err := joinEvalRanks(ctx, cmd, &cfg, launch)
 	if err != nil {
 		return err
 	}
@@ -233,54 +165,4 @@ func runEval(ctx context.Context, cmd *cli.Command) error {
 	}
 	table.Text(os.Stdout)
 	return nil
-}
-
-func progressFunc() func(string, int, int) {
-	st, _ := os.Stderr.Stat()
-	if st == nil || st.Mode()&os.ModeCharDevice == 0 {
-		return func(r string, done, total int) {
-			if done == total {
-				slog.Info("router done", "router", r, "questions", total)
-			}
-		}
-	}
-	return func(r string, done, total int) {
-		width := 30
-		fill := width * done / max(total, 1)
-		fmt.Fprintf(os.Stderr, "\r%-8s [%s%s] %d/%d", r, strings.Repeat("=", fill), strings.Repeat(" ", width-fill), done, total)
-		if done == total {
-			fmt.Fprintln(os.Stderr)
-		}
-	}
-}
-
-// setThreadsFrom sets libtorch's CPU threads: --threads, else configured
-// (policy.threads, or decodingThreads for a command that only decodes).
-func setThreadsFrom(cmd *cli.Command, configured int) error {
-	threads := configured
-	if cmd.Root().IsSet("threads") {
-		threads = int(cmd.Root().Int("threads"))
-	}
-	return trainer.SetThreads(threads)
-}
-
-func splitList(s string) []string {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
-// decodingThreads is the CPU thread count of recal serve, which only
-// decodes (and not through Env.Roll, which switches to
-// policy.decode_threads itself): policy.decode_threads when set, else
-// policy.threads.
-func decodingThreads(p config.Policy) int {
-	if p.DecodeThreads > 0 {
-		return p.DecodeThreads
-	}
-	return p.Threads
 }

@@ -35,7 +35,7 @@ func fitCommand() *cli.Command {
 }
 
 // embeddingCache is the openai embeddings' disk cache: beside the pool's.
-func embeddingCache(cfg config.Config) string { return filepath.Join(cfg.Pool.CacheDir, "embeddings") }
+func embeddingCache(cfg config.Config) string { return embed.CacheDir(cfg.Pool.CacheDir) }
 
 // newEmbedder builds the [embedding] provider.
 func newEmbedder(cfg config.Config) (embed.Embedder, error) {

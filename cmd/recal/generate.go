@@ -9,9 +9,9 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/recal-project/recal/generate"
+	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/tokenizer"
 	"github.com/recal-project/recal/torchbridge"
-	"github.com/recal-project/recal/trainer"
 )
 
 func generateCommand() *cli.Command {
@@ -50,10 +50,10 @@ func runGenerate(ctx context.Context, cmd *cli.Command) error {
 	if p := cmd.Float("top-p"); p <= 0 || p > 1 {
 		return usageError{fmt.Errorf("--top-p must be in (0, 1]")}
 	}
-	if err := trainer.SetThreads(int(cmd.Root().Int("threads"))); err != nil {
+	if err := rollout.SetThreads(int(cmd.Root().Int("threads"))); err != nil {
 		return err
 	}
-	e, err := trainer.OpenEngine(cmd.String("checkpoint"), torchbridge.Options{Device: cmd.String("device"), DType: cmd.String("dtype")})
+	e, err := rollout.OpenEngine(cmd.String("checkpoint"), torchbridge.Options{Device: cmd.String("device"), DType: cmd.String("dtype")})
 	if err != nil {
 		return err
 	}
@@ -62,7 +62,7 @@ func runGenerate(ctx context.Context, cmd *cli.Command) error {
 	if cmd.Bool("chat") {
 		prompt = e.Tok.FormatChat([]tokenizer.Message{{Role: "user", Content: prompt}}, true)
 	}
-	ids := trainer.ToInt32(e.Tok.Encode(prompt))
+	ids := rollout.ToInt32(e.Tok.Encode(prompt))
 	if len(ids) == 0 {
 		return usageError{fmt.Errorf("--prompt is empty")}
 	}
@@ -80,7 +80,7 @@ func runGenerate(ctx context.Context, cmd *cli.Command) error {
 	defer cache.Close()
 	req := generate.Request{Row: 0, Prompt: ids, MaxNewTokens: maxNew, Stop: cmd.StringSlice("stop"), EOS: e.EOS}
 	s := generate.Sampling{Temperature: cmd.Float("temperature"), TopP: cmd.Float("top-p"), TopK: int(cmd.Int("top-k"))}
-	out, err := generate.Run(ctx, trainer.Decoder{C: cache}, e.Tok, []generate.Request{req}, s, cmd.Uint64("seed"))
+	out, err := generate.Run(ctx, rollout.Decoder{C: cache}, e.Tok, []generate.Request{req}, s, cmd.Uint64("seed"))
 	if err != nil {
 		return err
 	}

@@ -7,16 +7,15 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"os/exec"
-	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/urfave/cli/v3"
 
+	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/dist"
+	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/torchbridge"
 	"github.com/recal-project/recal/trainer"
 )
@@ -57,7 +56,7 @@ func joinRanks(ctx context.Context, l dist.Launch, cmd *cli.Command, timeout tim
 	if !l.Distributed() {
 		return nil, nil
 	}
-	orphanWatch()
+	dist.WatchLauncher()
 	if l.Rank > 0 {
 		lvl := slog.LevelWarn
 		if cmd.Root().String("log-level") == "debug" || cmd.Root().String("log-level") == "error" {
@@ -70,11 +69,25 @@ func joinRanks(ctx context.Context, l dist.Launch, cmd *cli.Command, timeout tim
 		return nil, err
 	}
 	launcher := l.Launcher
-	if os.Getenv(launcherEnv) != "" {
+	if os.Getenv(dist.LauncherEnv) != "" {
 		launcher = "recal --nproc"
 	}
 	slog.Info("data-parallel job", "ranks", l.WorldSize, "launcher", launcher, "rendezvous", net.JoinHostPort(l.MasterAddr, strconv.Itoa(l.MasterPort)), "timeout", timeout.String())
 	return g, nil
+}
+
+// joinEvalRanks places an evaluation's rank: its own GPU (policy.device =
+// "cuda") and its share of the pool's global limits, written into cfg; then
+// it joins the job's process group (nil for one process).
+func joinEvalRanks(ctx context.Context, cmd *cli.Command, cfg *config.Config, launch dist.Launch) (dist.Group, error) {
+	var err error
+	if cfg.Policy.Device, err = trainer.RankDevice(cfg.Policy.Device, launch); err != nil {
+		return nil, usageError{err}
+	}
+	cfg.Pool = trainer.SharePool(cfg.Pool, launch.Rank, launch.WorldSize, slog.Default())
+	return joinRanks(ctx, launch, cmd, cfg.Dist.Timeout, func() (dist.Group, error) {
+		return trainer.JoinGroup(ctx, launch, cfg.Dist, cfg.Policy.Device)
+	})
 }
 
 // rankThreads sets libtorch's CPU threads of a rank: --threads, else
@@ -87,18 +100,11 @@ func rankThreads(cmd *cli.Command, configured int, l dist.Launch) error {
 	if l.Distributed() {
 		configured = trainer.Threads(configured, trainer.LocalWorldSize())
 	}
-	return trainer.SetThreads(configured)
+	return rollout.SetThreads(configured)
 }
 
 // launchLocal runs n ranks of this command line (less --nproc) on this
-// machine and merges their exit statuses: 0 when every rank succeeded, 130
-// when every rank that failed was interrupted, else the status of the first
-// rank that failed (1 for a rank killed by a signal). A first SIGINT or
-// SIGTERM (ctx cancelled) is passed on to every rank, which finish their
-// step and save a checkpoint; the ranks die with the launcher (a second
-// signal exits it at once). When a rank fails the others stop by
-// themselves within timeout (dist.timeout); any still running a minute
-// after that are killed.
+// machine (dist.RunLocal) and exits with their merged status.
 func launchLocal(ctx context.Context, n int, timeout time.Duration) error {
 	if n < 1 {
 		return usageError{fmt.Errorf("--nproc %d: want at least 1", n)}
@@ -120,136 +126,11 @@ func launchLocal(ctx context.Context, n int, timeout time.Duration) error {
 	defer store.Close()
 	port := store.Port()
 	slog.Info("starting ranks", "nproc", n, "master", "127.0.0.1:"+strconv.Itoa(port))
-
-	type exit struct {
-		rank int
-		err  error
+	err = dist.RunLocal(ctx, n, exe, args, port, timeout)
+	if e, ok := errors.AsType[*dist.ExitError](err); ok {
+		return exitError{code: e.Code, err: e.Err}
 	}
-	exits := make(chan exit, n)
-	cmds := make([]*exec.Cmd, n)
-	started := make(chan error, 1)
-	// The ranks are started and waited for on one locked OS thread: their
-	// parent-death signal fires when the thread that started them ends, so
-	// it must live as long as they do.
-	go func() {
-		runtime.LockOSThread()
-		for r := 0; r < n; r++ {
-			c := exec.Command(exe, args...)
-			c.Env = append(os.Environ(), "RANK="+strconv.Itoa(r), "WORLD_SIZE="+strconv.Itoa(n), "LOCAL_RANK="+strconv.Itoa(r),
-				"LOCAL_WORLD_SIZE="+strconv.Itoa(n), "MASTER_ADDR=127.0.0.1", "MASTER_PORT="+strconv.Itoa(port),
-				"TORCHELASTIC_USE_AGENT_STORE=True", "TORCHELASTIC_RESTART_COUNT=0",
-				launcherEnv+"="+strconv.Itoa(os.Getpid()))
-			c.Stdin, c.Stdout, c.Stderr = nil, os.Stdout, os.Stderr
-			// Their own process group: a terminal's Ctrl-C reaches the
-			// launcher alone, which passes it on once. Killed with the
-			// launcher, so no rank outlives it (a rank that re-executes
-			// itself from another thread loses that signal: orphanWatch
-			// is the second guard).
-			c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-			if err := c.Start(); err != nil {
-				for _, s := range cmds[:r] {
-					s.Process.Kill()
-				}
-				started <- fmt.Errorf("launch: rank %d: %w", r, err)
-				return
-			}
-			cmds[r] = c
-		}
-		started <- nil
-		done := make(chan exit, n)
-		for r, c := range cmds {
-			go func() { done <- exit{r, c.Wait()} }()
-		}
-		for range n {
-			exits <- <-done
-		}
-		select {} // keep the thread (and the parent-death signal) until the process ends
-	}()
-	if err := <-started; err != nil {
-		return err
-	}
-
-	var first *exit // the first rank to fail
-	interruptedOnly := true
-	var deadline <-chan time.Time
-	forwarded := false
-	ended := make([]bool, n)
-	for left := n; left > 0; {
-		select {
-		case <-ctx.Done():
-			if !forwarded {
-				forwarded = true
-				for _, c := range cmds {
-					c.Process.Signal(syscall.SIGTERM)
-				}
-			}
-			ctx = context.Background() // forwarded once; a second signal exits the launcher (main)
-		case e := <-exits:
-			left--
-			ended[e.rank] = true
-			if e.err == nil {
-				continue
-			}
-			code, how := exitStatus(e.err)
-			if code != 130 {
-				interruptedOnly = false
-				fmt.Fprintf(os.Stderr, "recal: rank %d (pid %d) %s\n", e.rank, cmds[e.rank].Process.Pid, how)
-			}
-			if first == nil {
-				first = &e
-				deadline = time.After(timeout + time.Minute)
-			}
-		case <-deadline:
-			for r, c := range cmds {
-				if !ended[r] {
-					fmt.Fprintf(os.Stderr, "recal: rank %d (pid %d) still running %v after rank %d failed: killed\n", r, c.Process.Pid, timeout+time.Minute, first.rank)
-					c.Process.Kill()
-				}
-			}
-			deadline = nil
-		}
-	}
-	if first == nil {
-		return nil
-	}
-	if interruptedOnly {
-		return exitError{code: 130, err: fmt.Errorf("interrupted: every rank stopped cleanly; rerun with --resume to continue")}
-	}
-	code, how := exitStatus(first.err)
-	return exitError{code: code, err: fmt.Errorf("rank %d of %d %s first", first.rank, n, how)}
-}
-
-// launcherEnv holds the pid of the recal --nproc that started this rank.
-const launcherEnv = "RECAL_LAUNCHER_PID"
-
-// orphanWatch ends a rank whose launcher is gone (a second SIGINT, or the
-// launcher killed): its peers are going too, and nothing would wait for it.
-func orphanWatch() {
-	pid, err := strconv.Atoi(os.Getenv(launcherEnv))
-	if err != nil {
-		return
-	}
-	go func() {
-		for range time.Tick(time.Second) {
-			if os.Getppid() != pid {
-				fmt.Fprintf(os.Stderr, "recal: the launcher (pid %d) is gone; this rank stops\n", pid)
-				os.Exit(1)
-			}
-		}
-	}()
-}
-
-// exitStatus is a rank's exit code (1 when killed by a signal) and how it
-// ended, in words.
-func exitStatus(err error) (int, string) {
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) {
-		return 1, "failed: " + err.Error()
-	}
-	if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		return 1, "was killed by signal " + ws.Signal().String()
-	}
-	return ee.ExitCode(), "exited with status " + strconv.Itoa(ee.ExitCode())
+	return err
 }
 
 // withoutFlag removes --name and its value (--name V, --name=V, one dash

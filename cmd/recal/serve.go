@@ -2,23 +2,18 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
-	"slices"
-	"strings"
 
 	"github.com/urfave/cli/v3"
 
 	"github.com/recal-project/recal/config"
-	"github.com/recal-project/recal/eval"
+	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/serve"
-	"github.com/recal-project/recal/torchbridge"
-	"github.com/recal-project/recal/trainer"
 )
 
 func serveCommand() *cli.Command {
@@ -28,8 +23,8 @@ func serveCommand() *cli.Command {
 		Description: "Loads the policy, builds the pool and serves POST /v1/chat/completions (plain and\n" +
 			"streamed), GET /v1/models, /healthz, /readyz and /metrics until SIGINT/SIGTERM, which stop\n" +
 			"accepting, let the requests in flight finish within serve.drain_timeout and exit 0.\n" +
-			"Settings: the [serve] table. Prints the API's base URL on stdout once ready; see the\n" +
-			"README's \"Serving\" section for the request and response fields.",
+			"Settings: the [serve] table. Prints the API's base URL on stdout once ready; see\n" +
+			"docs/serving.md for the request and response fields.",
 		Flags: append(configFlags(),
 			&cli.StringFlag{Name: "checkpoint", Usage: "policy checkpoint folder, or a training run folder for its checkpoints/best (else checkpoints/last) (required); the router's model id is recal-<the folder's name>"},
 			&cli.StringFlag{Name: "addr", Usage: "host:port to listen on (default serve.addr; port 0 picks a free one)"},
@@ -44,22 +39,6 @@ func serveCommand() *cli.Command {
 // routerName is the model id clients ask for: recal-<checkpoint folder>.
 func routerName(checkpoint string) string {
 	return "recal-" + filepath.Base(filepath.Clean(checkpoint))
-}
-
-// withExtraModels adds the [[models]] of an --extra-models file to the pool.
-func withExtraModels(cfg config.Config, path string) (config.Config, error) {
-	if path == "" {
-		return cfg, nil
-	}
-	extra, err := eval.LoadExtraModels(path)
-	if err != nil {
-		return cfg, usageError{err}
-	}
-	cfg.Pool.Models = append(slices.Clip(cfg.Pool.Models), extra...)
-	if err := cfg.Pool.Validate(); err != nil {
-		return cfg, usageError{fmt.Errorf("%s: %w", path, err)}
-	}
-	return cfg, nil
 }
 
 func runServe(ctx context.Context, cmd *cli.Command) error {
@@ -82,7 +61,7 @@ func runServe(ctx context.Context, cmd *cli.Command) error {
 	// A run folder stands for its best checkpoint (train.keep_best), else
 	// its last, as in recal eval; the router's id keeps the name given.
 	name := routerName(cmd.String("checkpoint"))
-	ck, which, err := trainer.ResolveCheckpoint(cmd.String("checkpoint"))
+	ck, which, err := rollout.ResolveCheckpoint(cmd.String("checkpoint"))
 	if err != nil {
 		return usageError{fmt.Errorf("--checkpoint: %w", err)}
 	}
@@ -97,7 +76,7 @@ func runServe(ctx context.Context, cmd *cli.Command) error {
 		return usageError{err}
 	}
 	// The pool's API-key variables are read now, before the port is taken.
-	if err := trainer.CheckPool(cfg); err != nil {
+	if err := rollout.CheckPool(cfg); err != nil {
 		return err
 	}
 	var trace io.Writer
@@ -126,16 +105,11 @@ func runServe(ctx context.Context, cmd *cli.Command) error {
 	if err := setThreadsFrom(cmd, decodingThreads(cfg.Policy)); err != nil {
 		return err
 	}
-	eng, err := trainer.OpenEngine(ck, torchbridge.Options{Device: cfg.Policy.Device, DType: cfg.Policy.DType})
-	if err != nil {
-		return fmt.Errorf("checkpoint %s is not a policy: %w", ck, err)
-	}
-	defer eng.Close()
-	env, err := trainer.NewEnv(cfg, eng, nil, slog.Default())
+	env, closeAll, err := rollout.Open(cfg, ck, nil, slog.Default())
 	if err != nil {
 		return err
 	}
-	defer env.Close()
+	defer closeAll()
 	svc, err := env.NewService(cfg.Serve.MaxBatch, cfg.Serve.MaxSamplings, uint64(cfg.Train.Seed))
 	if err != nil {
 		return err
@@ -146,71 +120,21 @@ func runServe(ctx context.Context, cmd *cli.Command) error {
 		return err
 	}
 
-	// The decode loop runs until the HTTP side has drained; if it stops on
-	// its own (a libtorch error), the server stops too.
-	runCtx, stopRun := context.WithCancel(context.Background())
-	defer stopRun()
-	runDone := make(chan error, 1)
-	go func() { runDone <- svc.Run(runCtx) }()
-	serveCtx, stopServe := context.WithCancel(ctx)
-	defer stopServe()
-	var runErr error
-	ran := make(chan struct{})
-	go func() {
-		defer close(ran)
-		select {
-		case runErr = <-runDone:
-			if runErr == nil {
-				runErr = errors.New("the decode loop stopped")
-			}
-			srv.SetReady(false)
-			stopServe()
-		case <-serveCtx.Done():
-		}
-	}()
-	srv.SetReady(true)
 	url := "http://" + ln.Addr().String() + "/v1"
-	attrs := []any{"url", url, "model", name, "pool", len(env.Pool.Models()), "max_batch", cfg.Serve.MaxBatch,
-		"max_queue", cfg.Serve.MaxQueue, "auth", apiKey != ""}
-	if metricsLn != nil {
-		attrs = append(attrs, "metrics", "http://"+metricsLn.Addr().String()+"/metrics")
-	}
-	slog.Info("serving", attrs...)
-	fmt.Println(url)
-	err = srv.Serve(serveCtx, ln)
-	stopServe()
-	<-ran
-	stopRun()
-	if runErr == nil {
-		runErr = <-runDone
-	}
-	switch {
-	case err != nil:
+	err = srv.Run(ctx, ln, svc.Run, func() {
+		attrs := []any{"url", url, "model", name, "pool", len(env.Pool.Models()), "max_batch", cfg.Serve.MaxBatch,
+			"max_queue", cfg.Serve.MaxQueue, "auth", apiKey != ""}
+		if metricsLn != nil {
+			attrs = append(attrs, "metrics", "http://"+metricsLn.Addr().String()+"/metrics")
+		}
+		slog.Info("serving", attrs...)
+		fmt.Println(url)
+	})
+	if err != nil {
 		return err
-	case runErr != nil && !errors.Is(runErr, context.Canceled):
-		return fmt.Errorf("serve: %w", runErr)
 	}
 	slog.Info("stopped", "url", url)
 	return nil
-}
-
-// serviceBackend adapts trainer.Service to serve.Backend.
-type serviceBackend struct{ s *trainer.Service }
-
-func (b serviceBackend) Stats() (int, int) { return b.s.Stats() }
-
-func (b serviceBackend) Answer(ctx context.Context, q serve.Query) (serve.Result, error) {
-	a, err := b.s.Answer(ctx, trainer.ServiceQuery{Question: q.Question, Models: q.Models, MaxTurns: q.MaxTurns,
-		MaxCostUSD: q.MaxCostUSD, Sampling: q.Sampling, MaxTokens: q.MaxTokens, OnCall: q.OnCall})
-	if errors.Is(err, trainer.ErrInvalidQuery) {
-		return serve.Result{}, fmt.Errorf("%w: %s", serve.ErrInvalidQuery, strings.TrimPrefix(err.Error(), trainer.ErrInvalidQuery.Error()+": "))
-	}
-	if err != nil {
-		return serve.Result{}, err
-	}
-	return serve.Result{Answer: a.Answer, Sample: a.Sample, PolicyPromptTokens: a.PolicyPromptTokens,
-		PolicyCompletionTokens: a.PolicyCompletionTokens, PoolPromptTokens: a.PoolPromptTokens,
-		PoolCompletionTokens: a.PoolCompletionTokens, CostUSD: a.CostUSD}, nil
 }
 
 // dryRunServe is `recal serve --dry-run`: what runServe would load and use.

@@ -26,9 +26,9 @@ import (
 	"github.com/recal-project/recal/eval"
 	"github.com/recal-project/recal/internal/testenv"
 	"github.com/recal-project/recal/internal/testpolicy"
+	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/router"
 	"github.com/recal-project/recal/torchbridge"
-	"github.com/recal-project/recal/trainer"
 )
 
 // serveSets are the test server's settings over recal.toml: short turns for
@@ -376,7 +376,7 @@ func TestServeMatchesEval(t *testing.T) {
 		t.Fatal(err)
 	}
 	env := testenv.Open(t, ck, cfg)
-	var want []trainer.QuestionResult
+	var want []rollout.QuestionResult
 	for _, q := range questions {
 		// The service shows simulated models the question alone (no id,
 		// dataset or golden answers); so does this example. A fresh

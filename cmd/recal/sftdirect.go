@@ -7,10 +7,10 @@ import (
 
 	"github.com/urfave/cli/v3"
 
+	"github.com/recal-project/recal/baselines/sftdirect"
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/eval"
 	"github.com/recal-project/recal/torchbridge"
-	"github.com/recal-project/recal/trainer"
 )
 
 func sftDirectCommand() *cli.Command {
@@ -44,22 +44,22 @@ func sftDirectCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			return trainer.TrainSFTDirect(ctx, cfg, opt)
+			return sftdirect.Train(ctx, cfg, opt)
 		},
 	}
 }
 
 // sftDirectOptions are the options of an SFT-direct run of cfg into out.
-func sftDirectOptions(cfg config.Config, out string, steps int) (trainer.SFTDirectOptions, error) {
+func sftDirectOptions(cfg config.Config, out string, steps int) (sftdirect.Options, error) {
 	if steps < 0 {
-		return trainer.SFTDirectOptions{}, usageError{fmt.Errorf("train-sft-direct: --steps %d: want ≥ 0", steps)}
+		return sftdirect.Options{}, usageError{fmt.Errorf("train-sft-direct: --steps %d: want ≥ 0", steps)}
 	}
 	if steps == 0 && cfg.SFT.Steps == 0 {
-		return trainer.SFTDirectOptions{}, usageError{fmt.Errorf("train-sft-direct: sft.steps is 0 and no --steps given: nothing to fit")}
+		return sftdirect.Options{}, usageError{fmt.Errorf("train-sft-direct: sft.steps is 0 and no --steps given: nothing to fit")}
 	}
 	base, err := eval.CheckpointDigest(cfg.Policy.Checkpoint)
 	if err != nil {
-		return trainer.SFTDirectOptions{}, fmt.Errorf("train-sft-direct: policy.checkpoint: %w", err)
+		return sftdirect.Options{}, fmt.Errorf("train-sft-direct: policy.checkpoint: %w", err)
 	}
-	return trainer.SFTDirectOptions{Out: out, Steps: steps, BaseID: base, Log: slog.Default()}, nil
+	return sftdirect.Options{Out: out, Steps: steps, BaseID: base, Log: slog.Default()}, nil
 }

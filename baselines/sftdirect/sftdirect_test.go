@@ -1,4 +1,4 @@
-package trainer_test
+package sftdirect_test
 
 import (
 	"bytes"
@@ -11,10 +11,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/recal-project/recal/baselines/sftdirect"
 	"github.com/recal-project/recal/data"
+	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/router"
 	"github.com/recal-project/recal/torchbridge"
-	"github.com/recal-project/recal/trainer"
 )
 
 // A direct-answer demonstration is the direct prompt (no model listed) and
@@ -24,7 +25,7 @@ import (
 func TestDirectDemos(t *testing.T) {
 	ck := microCheckpoint(t)
 	cfg := testConfig(t, ck)
-	eng, err := trainer.OpenEngine(ck, torchbridge.Options{})
+	eng, err := rollout.OpenEngine(ck, torchbridge.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +34,7 @@ func TestDirectDemos(t *testing.T) {
 		{ID: "nq-1", Dataset: "nq", Question: "who wrote the iliad", Golden: []string{" ", "Homer"}},
 		{ID: "nq-2", Dataset: "nq", Question: "a question without an answer"},
 	}
-	demos, err := trainer.DirectDemos(eng, cfg.Router, qs, 3)
+	demos, err := sftdirect.Demos(eng, cfg.Router, qs, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,15 +77,15 @@ func TestTrainSFTDirect(t *testing.T) {
 	cfg := testConfig(t, ck, "sft.steps=3")
 	out := filepath.Join(t.TempDir(), "sft-direct")
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	opt := trainer.SFTDirectOptions{Out: out, BaseID: "sha256:base", Log: quiet}
-	spec, err := trainer.SFTDirectSpecOf(cfg, opt)
+	opt := sftdirect.Options{Out: out, BaseID: "sha256:base", Log: quiet}
+	spec, err := sftdirect.SpecOf(cfg, opt)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := trainer.SFTDirectReady(out, spec); ok || err != nil {
+	if ok, err := sftdirect.Ready(out, spec); ok || err != nil {
 		t.Fatalf("SFTDirectReady of a missing folder = %v, %v; want false, nil", ok, err)
 	}
-	if err := trainer.TrainSFTDirect(context.Background(), cfg, opt); err != nil {
+	if err := sftdirect.Train(context.Background(), cfg, opt); err != nil {
 		t.Fatal(err)
 	}
 	base, err := os.ReadFile(filepath.Join(ck, "model.safetensors"))
@@ -98,7 +99,7 @@ func TestTrainSFTDirect(t *testing.T) {
 	if bytes.Equal(base, tuned) {
 		t.Error("the SFT-direct weights equal the starting ones: nothing was trained")
 	}
-	eng, err := trainer.OpenEngine(out, torchbridge.Options{})
+	eng, err := rollout.OpenEngine(out, torchbridge.Options{})
 	if err != nil {
 		t.Fatalf("the SFT-direct folder does not load as a policy: %v", err)
 	}
@@ -107,23 +108,23 @@ func TestTrainSFTDirect(t *testing.T) {
 	if len(lines) != 3 || lines[0]["stage"] != "sft-direct" {
 		t.Errorf("sft.jsonl holds %v, want 3 lines of stage sft-direct", lines)
 	}
-	if ok, err := trainer.SFTDirectReady(out, spec); !ok || err != nil {
+	if ok, err := sftdirect.Ready(out, spec); !ok || err != nil {
 		t.Errorf("SFTDirectReady of the folder just trained = %v, %v; want true (reused)", ok, err)
 	}
 	for _, c := range []struct {
 		name string
-		edit func(*trainer.SFTDirectSpec)
+		edit func(*sftdirect.Spec)
 		key  string
 	}{
-		{"more steps", func(s *trainer.SFTDirectSpec) { s.Steps = 4 }, "steps"},
-		{"other starting weights", func(s *trainer.SFTDirectSpec) { s.BaseID = "sha256:other" }, "base_id"},
-		{"other data", func(s *trainer.SFTDirectSpec) { s.Data.TrainPerDataset = 1 }, "data"},
+		{"more steps", func(s *sftdirect.Spec) { s.Steps = 4 }, "steps"},
+		{"other starting weights", func(s *sftdirect.Spec) { s.BaseID = "sha256:other" }, "base_id"},
+		{"other data", func(s *sftdirect.Spec) { s.Data.TrainPerDataset = 1 }, "data"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			other := spec
 			c.edit(&other)
-			ok, err := trainer.SFTDirectReady(out, other)
-			if ok || !errors.Is(err, trainer.ErrSFTDirectOther) || !strings.Contains(err.Error(), c.key) {
+			ok, err := sftdirect.Ready(out, other)
+			if ok || !errors.Is(err, sftdirect.ErrOther) || !strings.Contains(err.Error(), c.key) {
 				t.Errorf("SFTDirectReady = %v, %v; want ErrSFTDirectOther naming %q: a folder of other inputs must not be reused", ok, err, c.key)
 			}
 		})

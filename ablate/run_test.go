@@ -1,4 +1,4 @@
-package main
+package ablate
 
 import (
 	"bytes"
@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"math"
 	"os"
@@ -16,21 +17,32 @@ import (
 	"testing"
 	"time"
 
-	"github.com/recal-project/recal/ablate"
 	"github.com/recal-project/recal/calibration"
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/eval"
 	"github.com/recal-project/recal/internal/runlock"
+	"github.com/recal-project/recal/internal/testpolicy"
 	"github.com/recal-project/recal/plot"
 	"github.com/recal-project/recal/trainer"
 )
 
-// ablateConfig is table1Config with two warm-up and two GRPO steps, so that
-// a variant's GRPO both starts from the warm-up and carries state from one
-// step to the next.
+// ablateConfig is the offline default cut to seconds (a micro policy, four
+// training questions per dataset, two test questions per dataset), with
+// two warm-up and two GRPO steps, so that a variant's GRPO both starts from
+// the warm-up and carries state from one step to the next.
 func ablateConfig(t *testing.T) config.Config {
 	t.Helper()
-	cfg := table1Config(t)
+	ck := testpolicy.Micro(t, "..", 1)
+	cfg, err := config.Load("../recal.toml", []string{
+		"policy.checkpoint=" + ck, "policy.threads=2",
+		"data.train_per_dataset=4", "data.val_per_dataset=2", "data.test_per_dataset=2",
+		"router.turn_tokens=8", "router.info_tokens=8", "router.max_turns=1",
+		"sft.steps=1", "sft.batch_size=2", "train.steps=1", "train.batch_size=2", "train.group_size=2",
+		"train.micro_batch=4", "train.checkpoint_every=1", "train.validate_every=1", "eval.batch=8",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	cfg.SFT.Steps, cfg.Train.Steps = 2, 2
 	cfg.Train.CheckpointEvery, cfg.Train.ValidateEvery = 2, 0 // one checkpoint and one validation, at the end
 	if err := cfg.Validate(); err != nil {
@@ -79,7 +91,7 @@ func sameFile(t *testing.T, a, b string) bool {
 }
 
 // A variant's GRPO continuing the shared warm-up (a warm-up run with
-// train.steps = 0 and the full calibration, then ablate.Seed and a resumed
+// train.steps = 0 and the full calibration, then Seed and a resumed
 // run) computes exactly what one `recal train` of warm-up + GRPO with the
 // variant's configuration computes: the same responses, rewards and
 // advantages, the same metrics and the same final weights and optimizer
@@ -102,11 +114,11 @@ func TestAblateSharedWarmupEqualsCombinedRun(t *testing.T) {
 				t.Fatal(err)
 			}
 			warm, split := filepath.Join(root, "warmup"), filepath.Join(root, "split")
-			if err := trainer.Train(ctx, ablate.WarmupConfig(vc), trainer.Options{RunDir: warm, Log: quietLog()}); err != nil {
+			if err := trainer.Train(ctx, WarmupConfig(vc), trainer.Options{RunDir: warm, Log: quietLog()}); err != nil {
 				t.Fatal(err)
 			}
 			before := mtimes(t, warm)
-			if err := ablate.Seed(split, warm, vc); err != nil {
+			if err := Seed(split, warm, vc); err != nil {
 				t.Fatal(err)
 			}
 			if err := trainer.Train(ctx, vc, trainer.Options{RunDir: split, Resume: true, Log: quietLog()}); err != nil {
@@ -155,10 +167,10 @@ func studyFiles(t *testing.T, root string) map[string]time.Time {
 
 // studyVariants are the rows the study tests train: the two ends of the
 // table, full ReCal and w/o both (every variant trains the same way).
-var studyVariants = []ablate.Variant{ablate.Variants[0], ablate.Variants[len(ablate.Variants)-1]}
+var studyVariants = []Variant{Variants[0], Variants[len(Variants)-1]}
 
-func studyOptions(root string, seeds ...int64) ablateOptions {
-	return ablateOptions{Root: root, Seeds: seeds, Split: "id", Window: 1, Log: quietLog(), variants: studyVariants}
+func studyOptions(root string, seeds ...int64) Options {
+	return Options{Root: root, Seeds: seeds, Split: "id", Window: 1, Log: quietLog(), variants: studyVariants}
 }
 
 // A study folder another process works in (a second recal ablate on it)
@@ -172,7 +184,7 @@ func TestAblateRefusesAFolderInUse(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer held.Release()
-	_, err = runAblation(context.Background(), cfg, studyOptions(root, 0))
+	_, err = Run(context.Background(), cfg, studyOptions(root, 0))
 	want := fmt.Sprintf("in use by pid %d", os.Getpid())
 	if err == nil || !strings.Contains(err.Error(), want) {
 		t.Fatalf("ablate on a study folder in use: %v; want an error saying %q", err, want)
@@ -196,10 +208,10 @@ func TestAblateSharesTheWarmup(t *testing.T) {
 	warmTimes := map[int64]map[string]time.Time{}
 	o.runDone = func(seed int64, variant string) {
 		if variant == studyVariants[0].Name { // the seed's first run: its warm-up is complete
-			warmTimes[seed] = mtimes(t, ablate.WarmupDir(full, seed))
+			warmTimes[seed] = mtimes(t, WarmupDir(full, seed))
 		}
 	}
-	rep, err := runAblation(ctx, cfg, o)
+	rep, err := Run(ctx, cfg, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,14 +219,14 @@ func TestAblateSharesTheWarmup(t *testing.T) {
 		t.Errorf("trained %d runs %v, want %d: one warm-up per seed, one run per variant and seed", len(rep.Trained), rep.Trained, want)
 	}
 	for _, seed := range seeds {
-		warm := ablate.WarmupDir(full, seed)
+		warm := WarmupDir(full, seed)
 		for p, m := range mtimes(t, warm) {
 			if !warmTimes[seed][p].Equal(m) {
 				t.Errorf("%s changed after the first variant: the shared warm-up was trained or written again", p)
 			}
 		}
 		for _, v := range studyVariants {
-			dir := ablate.VariantDir(full, seed, v.Name)
+			dir := VariantDir(full, seed, v.Name)
 			sft := filepath.Join(dir, "checkpoints", "sft")
 			if fi, err := os.Lstat(sft); err != nil || fi.Mode()&os.ModeSymlink == 0 {
 				t.Errorf("%s: %v; want a link to the seed's warm-up, not a warm-up of its own", sft, err)
@@ -224,7 +236,7 @@ func TestAblateSharesTheWarmup(t *testing.T) {
 			if !sameFile(t, filepath.Join(dir, "sft.jsonl"), filepath.Join(warm, "sft.jsonl")) {
 				t.Errorf("%s/sft.jsonl is not the warm-up's log", dir)
 			}
-			if done, err := finished(dir, cfg.Train.Steps); err != nil || !done {
+			if done, err := trainer.Finished(dir, cfg.Train.Steps); err != nil || !done {
 				t.Errorf("%s: finished %v (%v), want its %d steps done", dir, done, err, cfg.Train.Steps)
 			}
 		}
@@ -235,7 +247,7 @@ func TestAblateSharesTheWarmup(t *testing.T) {
 			var xs []float64
 			for _, seed := range seeds {
 				var et eval.Table
-				b, err := os.ReadFile(filepath.Join(ablate.VariantDir(full, seed, row.Name), "eval-id", "table.json"))
+				b, err := os.ReadFile(filepath.Join(VariantDir(full, seed, row.Name), "eval-id", "table.json"))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -243,7 +255,7 @@ func TestAblateSharesTheWarmup(t *testing.T) {
 					t.Fatal(err)
 				}
 				switch col {
-				case ablate.ColInDomain, ablate.ColAverage: // the split is nq and hotpotqa
+				case ColInDomain, ColAverage: // the split is nq and hotpotqa
 					xs = append(xs, (et.Rows[0].Datasets["nq"].EM+et.Rows[0].Datasets["hotpotqa"].EM)/2)
 				default:
 					xs = append(xs, et.Rows[0].Datasets[col].EM)
@@ -257,14 +269,14 @@ func TestAblateSharesTheWarmup(t *testing.T) {
 		}
 	}
 	for _, f := range []string{"ablation.json", "ablation.csv", "ablation.md", plot.AblationFigure + ".png", plot.AblationFigure + ".svg"} {
-		if !fileExists(filepath.Join(full, f)) {
+		if !exists(filepath.Join(full, f)) {
 			t.Errorf("the study wrote no %s", f)
 		}
 	}
 
 	// Run again when done: nothing is trained or evaluated again.
 	before := studyFiles(t, full)
-	again, err := runAblation(ctx, cfg, studyOptions(full, seeds...))
+	again, err := Run(ctx, cfg, studyOptions(full, seeds...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,7 +301,7 @@ func TestAblateSharesTheWarmup(t *testing.T) {
 func TestAblateResumesAfterAStop(t *testing.T) {
 	cfg := ablateConfig(t)
 	ctx := context.Background()
-	ref, err := runAblation(ctx, cfg, studyOptions(t.TempDir(), 5))
+	ref, err := Run(ctx, cfg, studyOptions(t.TempDir(), 5))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -299,11 +311,11 @@ func TestAblateResumesAfterAStop(t *testing.T) {
 	defer cancel()
 	o := studyOptions(root, 5)
 	o.runDone = func(int64, string) { cancel() }
-	if _, err := runAblation(stop, cfg, o); !errors.Is(err, trainer.ErrInterrupted) {
+	if _, err := Run(stop, cfg, o); !errors.Is(err, trainer.ErrInterrupted) {
 		t.Fatalf("stopped study: error %v, want trainer.ErrInterrupted", err)
 	}
-	warm, first := ablate.WarmupDir(root, 5), ablate.VariantDir(root, 5, studyVariants[0].Name)
-	if entries, _ := os.ReadDir(ablate.SeedDir(root, 5)); len(entries) != 2 {
+	warm, first := WarmupDir(root, 5), VariantDir(root, 5, studyVariants[0].Name)
+	if entries, _ := os.ReadDir(SeedDir(root, 5)); len(entries) != 2 {
 		t.Errorf("stopped after its first run the study holds %v, want the warm-up and that run alone", entries)
 	}
 	done := studyFiles(t, root)
@@ -314,15 +326,15 @@ func TestAblateResumesAfterAStop(t *testing.T) {
 	defer cancel()
 	o = studyOptions(root, 5)
 	o.Log = slog.New(cancelOn{"step", cancel})
-	if _, err := runAblation(stop, cfg, o); !errors.Is(err, trainer.ErrInterrupted) {
+	if _, err := Run(stop, cfg, o); !errors.Is(err, trainer.ErrInterrupted) {
 		t.Fatalf("study stopped mid-run: error %v, want trainer.ErrInterrupted", err)
 	}
-	second := ablate.VariantDir(root, 5, studyVariants[1].Name)
-	if at, err := finished(second, 1); err != nil || !at {
+	second := VariantDir(root, 5, studyVariants[1].Name)
+	if at, err := trainer.Finished(second, 1); err != nil || !at {
 		t.Errorf("the run stopped after its first step: checkpoints/last at step 1 %v (%v), want a checkpoint of that step", at, err)
 	}
 
-	resumed, err := runAblation(ctx, cfg, studyOptions(root, 5))
+	resumed, err := Run(ctx, cfg, studyOptions(root, 5))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -365,4 +377,25 @@ func mustEval(t *testing.T, p string) string {
 		t.Fatal(err)
 	}
 	return r
+}
+
+// mtimes maps every file under dir to its modification time.
+func mtimes(t *testing.T, dir string) map[string]time.Time {
+	t.Helper()
+	out := map[string]time.Time{}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		out[p] = info.ModTime()
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }

@@ -1,4 +1,4 @@
-package trainer_test
+package rollout_test
 
 import (
 	"context"
@@ -20,10 +20,10 @@ import (
 	"github.com/recal-project/recal/internal/hfmodel"
 	"github.com/recal-project/recal/internal/testenv"
 	"github.com/recal-project/recal/llmpool"
+	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/router"
 	"github.com/recal-project/recal/tokenizer"
 	"github.com/recal-project/recal/torchbridge"
-	"github.com/recal-project/recal/trainer"
 )
 
 // randomPolicy writes a random checkpoint whose layers weigh as much as the
@@ -140,8 +140,8 @@ func searcherScaled(t *testing.T, model string, scale float64) string {
 				head[int(b)*policyHidden+i] += float32(scale / policyHidden * float64(x) / rms)
 			}
 		}
-		chain := trainer.ToInt32(tok.Encode(router.SearchOpen + model + ": q" + router.SearchClose))
-		promptEnd := trainer.ToInt32(tok.Encode("<|im_start|>assistant\n"))
+		chain := rollout.ToInt32(tok.Encode(router.SearchOpen + model + ": q" + router.SearchClose))
+		promptEnd := rollout.ToInt32(tok.Encode("<|im_start|>assistant\n"))
 		blockEnd, _ := router.InfoBlock(tok, "reply", 8)
 		link(promptEnd[len(promptEnd)-1], chain[0])
 		link(blockEnd[len(blockEnd)-1], chain[0])
@@ -154,7 +154,7 @@ func searcherScaled(t *testing.T, model string, scale float64) string {
 
 // serviceEnv opens a checkpoint in the trainer tests' configuration, with
 // extra pool models.
-func serviceEnv(t *testing.T, ck string, extra []llmpool.ModelConfig, sets ...string) (*trainer.Env, config.Config) {
+func serviceEnv(t *testing.T, ck string, extra []llmpool.ModelConfig, sets ...string) (*rollout.Env, config.Config) {
 	t.Helper()
 	cfg := testConfig(t, ck, append([]string{"router.turn_tokens=24"}, sets...)...)
 	cfg.Pool.Models = append(cfg.Pool.Models, extra...)
@@ -162,7 +162,7 @@ func serviceEnv(t *testing.T, ck string, extra []llmpool.ModelConfig, sets ...st
 }
 
 // startService runs a service until the test ends.
-func startService(t *testing.T, env *trainer.Env, maxBatch, maxSamplings int) *trainer.Service {
+func startService(t *testing.T, env *rollout.Env, maxBatch, maxSamplings int) *rollout.Service {
 	t.Helper()
 	s, err := env.NewService(maxBatch, maxSamplings, 1)
 	if err != nil {
@@ -190,7 +190,7 @@ func serviceQuestions() []data.Example {
 }
 
 // Greedy answers through the service, asked concurrently (three queries per
-// row, so rows are reused), are exactly trainer.Answer's, which eval and
+// row, so rows are reused), are exactly rollout.Answer's, which eval and
 // validation use; no more than maxBatch rows ever decode.
 func TestServiceMatchesAnswer(t *testing.T) {
 	for _, c := range []struct {
@@ -204,13 +204,13 @@ func TestServiceMatchesAnswer(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			env, _ := serviceEnv(t, c.ck(t), nil)
 			qs := serviceQuestions()
-			want, err := trainer.Answer(context.Background(), env, qs, 4)
+			want, err := rollout.Answer(context.Background(), env, qs, 4)
 			if err != nil {
 				t.Fatal(err)
 			}
 			const maxBatch = 2
 			s := startService(t, env, maxBatch, maxBatch)
-			got := make([]trainer.ServiceAnswer, len(qs))
+			got := make([]rollout.ServiceAnswer, len(qs))
 			stop := make(chan struct{})
 			peak := make(chan [2]int, 1)
 			go func() { // watch the load while the queries run
@@ -229,8 +229,8 @@ func TestServiceMatchesAnswer(t *testing.T) {
 			var wg sync.WaitGroup
 			for i, q := range qs {
 				wg.Go(func() {
-					pq := trainer.Question(q)
-					a, err := s.Answer(context.Background(), trainer.ServiceQuery{Question: q.Question, Pool: &pq})
+					pq := rollout.Question(q)
+					a, err := s.Answer(context.Background(), rollout.ServiceQuery{Question: q.Question, Pool: &pq})
 					if err != nil {
 						t.Errorf("question %d: %v", i, err)
 					}
@@ -246,7 +246,7 @@ func TestServiceMatchesAnswer(t *testing.T) {
 			for i := range qs {
 				g, w := got[i], want[i]
 				if g.Sample.Text != w.Response || g.Answer != w.Answer || !sameCalls(g.Sample.Calls, w.Calls) {
-					t.Errorf("question %d through the service: answer %q, %d calls, response %q\nwant trainer.Answer's: %q, %d calls, %q",
+					t.Errorf("question %d through the service: answer %q, %d calls, response %q\nwant rollout.Answer's: %q, %d calls, %q",
 						i, g.Answer, len(g.Sample.Calls), g.Sample.Text, w.Answer, len(w.Calls), w.Response)
 				}
 				if g.PolicyCompletionTokens == 0 || g.PolicyPromptTokens == 0 {
@@ -277,14 +277,14 @@ func TestServiceLimits(t *testing.T) {
 	tok := env.Engine.Tok
 	cases := []struct {
 		name   string
-		query  trainer.ServiceQuery
+		query  rollout.ServiceQuery
 		models []llmpool.ModelInfo // listed in the prompt
 		calls  int                 // pool calls made
-		check  func(t *testing.T, a trainer.ServiceAnswer)
+		check  func(t *testing.T, a rollout.ServiceAnswer)
 	}{
-		{name: "subset without the model searched", query: trainer.ServiceQuery{Question: q, Models: []string{"sim-factoid", "SIM-MULTIHOP"}},
+		{name: "subset without the model searched", query: rollout.ServiceQuery{Question: q, Models: []string{"sim-factoid", "SIM-MULTIHOP"}},
 			models: env.Pool.Models()[:2], calls: 0,
-			check: func(t *testing.T, a trainer.ServiceAnswer) {
+			check: func(t *testing.T, a rollout.ServiceAnswer) {
 				for _, c := range a.Sample.Calls {
 					if !c.Unknown || c.Cost != 0 {
 						t.Errorf("call %+v: a search for sim-small outside the subset must be treated as an unknown model", c)
@@ -294,11 +294,11 @@ func TestServiceLimits(t *testing.T) {
 					t.Errorf("%d call records, end %q; want %d unknown-model turns, then the final turn", len(a.Sample.Calls), a.Sample.End, cfg.Router.MaxTurns)
 				}
 			}},
-		{name: "subset with the model searched", query: trainer.ServiceQuery{Question: q, Models: []string{"sim-small"}},
+		{name: "subset with the model searched", query: rollout.ServiceQuery{Question: q, Models: []string{"sim-small"}},
 			models: env.Pool.Models()[2:], calls: 2},
-		{name: "one turn", query: trainer.ServiceQuery{Question: q, MaxTurns: 1}, models: env.Pool.Models(), calls: 1},
-		{name: "cost budget", query: trainer.ServiceQuery{Question: q, MaxCostUSD: 1e-9}, models: env.Pool.Models(), calls: 1,
-			check: func(t *testing.T, a trainer.ServiceAnswer) {
+		{name: "one turn", query: rollout.ServiceQuery{Question: q, MaxTurns: 1}, models: env.Pool.Models(), calls: 1},
+		{name: "cost budget", query: rollout.ServiceQuery{Question: q, MaxCostUSD: 1e-9}, models: env.Pool.Models(), calls: 1,
+			check: func(t *testing.T, a rollout.ServiceAnswer) {
 				_, shown := router.InfoBlock(tok, router.BudgetText, cfg.Router.InfoTokens)
 				if len(a.Sample.Calls) != 2 || !a.Sample.Calls[1].Refused || a.Sample.Calls[1].Reply != shown {
 					t.Fatalf("calls %+v: want the second search refused with the budget observation %q", a.Sample.Calls, shown)
@@ -307,8 +307,8 @@ func TestServiceLimits(t *testing.T) {
 					t.Errorf("answer cost $%v and tokens %d/%d; want the first call's, $%v and %d/%d", a.CostUSD, a.PoolPromptTokens, a.PoolCompletionTokens, c.Cost, c.PromptTokens, c.CompletionTokens)
 				}
 			}},
-		{name: "max tokens", query: trainer.ServiceQuery{Question: q, MaxTokens: 3}, models: env.Pool.Models(), calls: 0,
-			check: func(t *testing.T, a trainer.ServiceAnswer) {
+		{name: "max tokens", query: rollout.ServiceQuery{Question: q, MaxTokens: 3}, models: env.Pool.Models(), calls: 0,
+			check: func(t *testing.T, a rollout.ServiceAnswer) {
 				if a.PolicyCompletionTokens != 3 || a.Sample.End != "length" {
 					t.Errorf("%d tokens written, end %q; want 3 and \"length\"", a.PolicyCompletionTokens, a.Sample.End)
 				}
@@ -345,13 +345,13 @@ func TestServiceLimits(t *testing.T) {
 			}
 		})
 	}
-	for _, bad := range []trainer.ServiceQuery{
+	for _, bad := range []rollout.ServiceQuery{
 		{Question: q, Models: []string{"gpt-9"}},
 		{Question: q, MaxTurns: cfg.Router.MaxTurns + 1},
 		{Question: q, MaxCostUSD: math.NaN()},
-		{Question: strings.Repeat("Hamlet ", trainer.ServiceQuestionTokens+2048)},
+		{Question: strings.Repeat("Hamlet ", rollout.ServiceQuestionTokens+2048)},
 	} {
-		if _, err := s.Answer(context.Background(), bad); !errors.Is(err, trainer.ErrInvalidQuery) {
+		if _, err := s.Answer(context.Background(), bad); !errors.Is(err, rollout.ErrInvalidQuery) {
 			t.Errorf("query %.60q (models %v, max turns %d, cost %v): %v; want ErrInvalidQuery", bad.Question, bad.Models, bad.MaxTurns, bad.MaxCostUSD, err)
 		}
 	}
@@ -384,7 +384,7 @@ func TestServiceMaxSamplings(t *testing.T) {
 	var wg sync.WaitGroup
 	for i, temp := range []float64{0.3, 0.6, 0.9, 1.2} {
 		wg.Go(func() {
-			a, err := s.Answer(context.Background(), trainer.ServiceQuery{Question: "Who wrote Hamlet?",
+			a, err := s.Answer(context.Background(), rollout.ServiceQuery{Question: "Who wrote Hamlet?",
 				Sampling: generate.Sampling{Temperature: temp}, MaxTokens: 24})
 			if err != nil || a.PolicyCompletionTokens == 0 {
 				t.Errorf("query %d (temperature %v): %d tokens, %v; want an answer", i, temp, a.PolicyCompletionTokens, err)
@@ -408,7 +408,7 @@ func TestServiceCancel(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	first := make(chan error, 1)
 	go func() {
-		_, err := s.Answer(ctx, trainer.ServiceQuery{Question: "Who wrote Hamlet?"})
+		_, err := s.Answer(ctx, rollout.ServiceQuery{Question: "Who wrote Hamlet?"})
 		first <- err
 	}()
 	// The pool has one slot on the wire, which the slow call holds while it
@@ -426,9 +426,9 @@ func TestServiceCancel(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	second := make(chan trainer.ServiceAnswer, 1)
+	second := make(chan rollout.ServiceAnswer, 1)
 	go func() {
-		a, err := s.Answer(context.Background(), trainer.ServiceQuery{Question: "What is the capital of France?", Models: []string{"sim-small"}})
+		a, err := s.Answer(context.Background(), rollout.ServiceQuery{Question: "What is the capital of France?", Models: []string{"sim-small"}})
 		if err != nil {
 			t.Errorf("the second query: %v", err)
 		}

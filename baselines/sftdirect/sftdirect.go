@@ -1,4 +1,9 @@
-package trainer
+// Package sftdirect is the SFT row of the ReCal paper's Table 1, a baseline
+// with no routing: the starting policy fine-tuned to answer the training
+// questions itself. It trains a policy (with trainer's supervised fitting)
+// and so needs cgo and libtorch, unlike the rest of baselines, which stays
+// pure Go; eval runs the checkpoint it writes.
+package sftdirect
 
 import (
 	"context"
@@ -16,16 +21,17 @@ import (
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/internal/hfmodel"
-	"github.com/recal-project/recal/llmpool"
+	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/router"
 	"github.com/recal-project/recal/tokenizer"
 	"github.com/recal-project/recal/torchbridge"
+	"github.com/recal-project/recal/trainer"
 )
 
 // SFT-direct is the "SFT" row of the ReCal paper's Table 1 (no routing):
 // the starting checkpoint (policy.checkpoint) fine-tuned to answer the
 // training questions itself, with no pool. Each demonstration is the direct
-// prompt (DirectProtocol) followed by
+// prompt (rollout.DirectProtocol) followed by
 //
 //	<think>I will answer from what I know.</think>
 //	<answer> GOLDEN</answer>
@@ -33,39 +39,26 @@ import (
 // GOLDEN being the question's first golden answer. The paper does not say
 // what its SFT baseline's targets hold beyond the answer; the fixed think
 // line is recal's, so the demonstration has the protocol's shape. The
-// fitting is the warm-up's (fitDemos: sft.batch_size, sft.lr decaying
+// fitting is the warm-up's (trainer.FitDemos: sft.batch_size, sft.lr decaying
 // linearly, sft.answer_weight on the answer's tokens, AdamW with the
 // [train] moments), for --steps steps (default sft.steps).
 
 // directThink is the reasoning of a direct-answer demonstration.
 const directThink = "I will answer from what I know."
 
-// SFTDirectManifest is the file in an SFT-direct folder that says what it
+// Manifest is the file in an SFT-direct folder that says what it
 // was trained from; a folder is reused only for the same inputs.
-const SFTDirectManifest = "sft-direct.json"
+const Manifest = "sft-direct.json"
 
-// DirectProtocol is the protocol of a policy answering alone: the template
-// at rc.PromptTemplate listing no models, and router.max_turns = 0, so the
-// one turn the policy writes must answer. eval's no-routing rows (direct,
-// cot, sft) and SFT-direct's demonstrations use it.
-func DirectProtocol(rc router.Config) (*router.Prompt, router.Config, error) {
-	rc.MaxTurns = 0
-	p, err := router.NewPrompt(rc.PromptTemplate, nil, 0)
-	if err != nil {
-		return nil, rc, err
-	}
-	return p, rc, nil
-}
-
-// DirectDemos writes, for each question with a golden answer, the direct
+// Demos writes, for each question with a golden answer, the direct
 // prompt and the answer turn above. The mask is 1 on the think part and
 // answerWeight on the answer (0 on the prompt). No pool is called.
-func DirectDemos(eng *Engine, rc router.Config, qs []data.Example, answerWeight float32) ([]Demo, error) {
-	env, err := DirectEnv(eng, nil, rc)
+func Demos(eng *rollout.Engine, rc router.Config, qs []data.Example, answerWeight float32) ([]trainer.Demo, error) {
+	env, err := rollout.DirectEnv(eng, nil, rc)
 	if err != nil {
 		return nil, err
 	}
-	var out []Demo
+	var out []trainer.Demo
 	for _, q := range qs {
 		golden := ""
 		for _, g := range q.Golden {
@@ -81,12 +74,12 @@ func DirectDemos(eng *Engine, rc router.Config, qs []data.Example, answerWeight 
 		if err != nil {
 			return nil, err
 		}
-		think := ToInt32(eng.Tok.EncodeSegments(tokenizer.Segment{Text: router.ThinkOpen + directThink + router.ThinkClose + "\n"}))
+		think := rollout.ToInt32(eng.Tok.EncodeSegments(tokenizer.Segment{Text: router.ThinkOpen + directThink + router.ThinkClose + "\n"}))
 		// A space before the answer, as in the warm-up's demonstrations;
 		// the answer is plain text.
-		answer := ToInt32(eng.Tok.EncodeSegments(tokenizer.Segment{Text: router.AnswerOpen + " "}, tokenizer.Segment{Text: golden, Plain: true},
+		answer := rollout.ToInt32(eng.Tok.EncodeSegments(tokenizer.Segment{Text: router.AnswerOpen + " "}, tokenizer.Segment{Text: golden, Plain: true},
 			tokenizer.Segment{Text: router.AnswerClose}))
-		d := Demo{Correct: true}
+		d := trainer.Demo{Correct: true}
 		d.Tokens = append(append(append(d.Tokens, p...), think...), answer...)
 		d.Mask = make([]float32, len(d.Tokens))
 		for k := len(p); k < len(d.Tokens); k++ {
@@ -100,8 +93,8 @@ func DirectDemos(eng *Engine, rc router.Config, qs []data.Example, answerWeight 
 	return out, nil
 }
 
-// SFTDirectOptions say what TrainSFTDirect starts from and writes.
-type SFTDirectOptions struct {
+// Options say what Train starts from and writes.
+type Options struct {
 	// Out is the Hugging Face folder written (replaced atomically).
 	Out string
 	// Steps of fitting; 0 means sft.steps.
@@ -114,12 +107,12 @@ type SFTDirectOptions struct {
 	Log    *slog.Logger
 }
 
-// SFTDirectSpec is what decides an SFT-direct checkpoint: the manifest's
+// Spec is what decides an SFT-direct checkpoint: the manifest's
 // contents.
-type SFTDirectSpec struct {
+type Spec struct {
 	Version int    `json:"version"`
 	Base    string `json:"base"`    // policy.checkpoint as given
-	BaseID  string `json:"base_id"` // its weights' digest (SFTDirectOptions.BaseID)
+	BaseID  string `json:"base_id"` // its weights' digest (Options.BaseID)
 	DType   string `json:"dtype"`
 	// Data: the training split the demonstrations come from.
 	Data data.Config `json:"data"`
@@ -139,14 +132,14 @@ type SFTDirectSpec struct {
 	Prompt string `json:"prompt"`
 }
 
-// sftDirectVersion changes when the demonstrations change.
-const sftDirectVersion = 1
+// version changes when the demonstrations change.
+const version = 1
 
-// SFTDirectSpecOf is the spec TrainSFTDirect would train under cfg and opt.
-func SFTDirectSpecOf(cfg config.Config, opt SFTDirectOptions) (SFTDirectSpec, error) {
+// SpecOf is the spec Train would train under cfg and opt.
+func SpecOf(cfg config.Config, opt Options) (Spec, error) {
 	tmpl, err := os.ReadFile(cfg.Router.PromptTemplate)
 	if err != nil {
-		return SFTDirectSpec{}, fmt.Errorf("trainer: sft-direct: prompt template: %w", err)
+		return Spec{}, fmt.Errorf("sftdirect: prompt template: %w", err)
 	}
 	steps := opt.Steps
 	if steps <= 0 {
@@ -155,33 +148,33 @@ func SFTDirectSpecOf(cfg config.Config, opt SFTDirectOptions) (SFTDirectSpec, er
 	d := cfg.Data
 	d.Test, d.TestPerDataset = nil, 0 // the test split does not decide the fit
 	tc := cfg.Train
-	return SFTDirectSpec{Version: sftDirectVersion, Base: cfg.Policy.Checkpoint, BaseID: opt.BaseID, DType: cfg.Policy.DType,
+	return Spec{Version: version, Base: cfg.Policy.Checkpoint, BaseID: opt.BaseID, DType: cfg.Policy.DType,
 		Data: d, Steps: steps, BatchSize: cfg.SFT.BatchSize, LR: cfg.SFT.LR, AnswerWeight: cfg.SFT.AnswerWeight, Seed: tc.Seed,
 		Beta1: tc.Beta1, Beta2: tc.Beta2, AdamEps: tc.AdamEps, WeightDecay: tc.WeightDecay, MaxGradNorm: tc.MaxGradNorm,
 		MicroBatch: tc.MicroBatch, Prompt: string(tmpl)}, nil
 }
 
-// ErrSFTDirectOther is returned by SFTDirectReady for a folder trained
+// ErrOther is returned by Ready for a folder trained
 // from other inputs.
-var ErrSFTDirectOther = errors.New("trainer: sft-direct: the folder was trained from other inputs")
+var ErrOther = errors.New("sftdirect: the folder was trained from other inputs")
 
-// SFTDirectReady reports whether dir holds an SFT-direct checkpoint of
-// spec: false when it does not exist, ErrSFTDirectOther (naming the fields
+// Ready reports whether dir holds an SFT-direct checkpoint of
+// spec: false when it does not exist, ErrOther (naming the fields
 // that differ) when it was trained from other inputs.
-func SFTDirectReady(dir string, spec SFTDirectSpec) (bool, error) {
-	b, err := os.ReadFile(filepath.Join(dir, SFTDirectManifest))
+func Ready(dir string, spec Spec) (bool, error) {
+	b, err := os.ReadFile(filepath.Join(dir, Manifest))
 	if errors.Is(err, os.ErrNotExist) {
 		if _, err := os.Stat(dir); err == nil {
-			return false, fmt.Errorf("%w: %s exists without %s; remove it or choose another folder", ErrSFTDirectOther, dir, SFTDirectManifest)
+			return false, fmt.Errorf("%w: %s exists without %s; remove it or choose another folder", ErrOther, dir, Manifest)
 		}
 		return false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("trainer: sft-direct: %w", err)
+		return false, fmt.Errorf("sftdirect: %w", err)
 	}
-	var was SFTDirectSpec
+	var was Spec
 	if err := json.Unmarshal(b, &was); err != nil {
-		return false, fmt.Errorf("trainer: sft-direct: %s: %w", filepath.Join(dir, SFTDirectManifest), err)
+		return false, fmt.Errorf("sftdirect: %s: %w", filepath.Join(dir, Manifest), err)
 	}
 	var diff []string
 	a, w := reflect.ValueOf(spec), reflect.ValueOf(was)
@@ -193,55 +186,55 @@ func SFTDirectReady(dir string, spec SFTDirectSpec) (bool, error) {
 	}
 	if len(diff) > 0 {
 		slices.Sort(diff)
-		return false, fmt.Errorf("%w: %s differs in %s; remove it or choose another folder", ErrSFTDirectOther, dir, strings.Join(diff, ", "))
+		return false, fmt.Errorf("%w: %s differs in %s; remove it or choose another folder", ErrOther, dir, strings.Join(diff, ", "))
 	}
 	return true, nil
 }
 
-// TrainSFTDirect fine-tunes policy.checkpoint on direct-answer
+// Train fine-tunes policy.checkpoint on direct-answer
 // demonstrations of the training split (see above) and saves it to
 // opt.Out as a Hugging Face folder with its manifest and one line per
 // step in sft.jsonl. No pool is built or called.
-func TrainSFTDirect(ctx context.Context, cfg config.Config, opt SFTDirectOptions) error {
+func Train(ctx context.Context, cfg config.Config, opt Options) error {
 	log := opt.Log
 	if log == nil {
 		log = slog.Default()
 	}
-	spec, err := SFTDirectSpecOf(cfg, opt)
+	spec, err := SpecOf(cfg, opt)
 	if err != nil {
 		return err
 	}
 	if opt.Out == "" {
-		return errors.New("trainer: sft-direct: no output folder")
+		return errors.New("sftdirect: no output folder")
 	}
 	train, _, err := cfg.Data.LoadTrain()
 	if err != nil {
 		return err
 	}
-	eng, err := OpenEngine(cfg.Policy.Checkpoint, torchbridge.Options{Device: cfg.Policy.Device, DType: cfg.Policy.DType})
+	eng, err := rollout.OpenEngine(cfg.Policy.Checkpoint, torchbridge.Options{Device: cfg.Policy.Device, DType: cfg.Policy.DType})
 	if err != nil {
 		return err
 	}
 	defer eng.Close()
-	var lines []sftLine
+	var lines []trainer.SFTLine
 	fit := cfg
 	fit.SFT.Steps = spec.Steps
-	build := func(_ int, qs []data.Example) ([]Demo, error) {
-		return DirectDemos(eng, cfg.Router, qs, float32(cfg.SFT.AnswerWeight))
+	build := func(_ int, qs []data.Example) ([]trainer.Demo, error) {
+		return Demos(eng, cfg.Router, qs, float32(cfg.SFT.AnswerWeight))
 	}
-	record := func(l sftLine) error { lines = append(lines, l); return nil }
-	if err := fitDemos(ctx, fit, eng.Policy, train, "sft-direct", build, record, log); err != nil {
+	record := func(l trainer.SFTLine) error { lines = append(lines, l); return nil }
+	if err := trainer.FitDemos(ctx, fit, eng.Policy, train, "sft-direct", build, record, log); err != nil {
 		return err
 	}
 	// The folder is written whole under a hidden name, then renamed over
 	// opt.Out: a kill leaves the old folder or the new one.
 	out := filepath.Clean(opt.Out)
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
-		return fmt.Errorf("trainer: sft-direct: %w", err)
+		return fmt.Errorf("sftdirect: %w", err)
 	}
 	staging := filepath.Join(filepath.Dir(out), "."+filepath.Base(out)+".new")
 	if err := os.RemoveAll(staging); err != nil {
-		return fmt.Errorf("trainer: sft-direct: %w", err)
+		return fmt.Errorf("sftdirect: %w", err)
 	}
 	if err := eng.Policy.Save(staging); err != nil {
 		return err
@@ -257,7 +250,7 @@ func TrainSFTDirect(ctx context.Context, cfg config.Config, opt SFTDirectOptions
 	}); err != nil {
 		return err
 	}
-	if err := hfmodel.WriteAtomic(filepath.Join(staging, SFTDirectManifest), func(w io.Writer) error {
+	if err := hfmodel.WriteAtomic(filepath.Join(staging, Manifest), func(w io.Writer) error {
 		e := json.NewEncoder(w)
 		e.SetIndent("", "  ")
 		return e.Encode(spec)
@@ -265,25 +258,24 @@ func TrainSFTDirect(ctx context.Context, cfg config.Config, opt SFTDirectOptions
 		return err
 	}
 	if err := syncDir(staging); err != nil {
-		return err
+		return fmt.Errorf("sftdirect: %w", err)
 	}
 	if err := os.RemoveAll(out); err != nil {
-		return fmt.Errorf("trainer: sft-direct: %w", err)
+		return fmt.Errorf("sftdirect: %w", err)
 	}
 	if err := os.Rename(staging, out); err != nil {
-		return fmt.Errorf("trainer: sft-direct: %w", err)
+		return fmt.Errorf("sftdirect: %w", err)
 	}
 	log.Info("sft-direct saved", "out", out, "steps", spec.Steps)
 	return nil
 }
 
-// DirectEnv is the environment of eng answering alone under
-// DirectProtocol(rc). pool is only consulted for model names (no call is
-// made with max_turns 0) and may be shared with another environment.
-func DirectEnv(eng *Engine, pool *llmpool.Pool, rc router.Config) (*Env, error) {
-	prompt, rc, err := DirectProtocol(rc)
+// syncDir makes a folder's entries durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return &Env{Engine: eng, Pool: pool, Prompt: prompt, Router: rc, prompts: map[string][]int32{}}, nil
+	defer d.Close()
+	return d.Sync()
 }

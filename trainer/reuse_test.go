@@ -1,43 +1,13 @@
-package main
+package trainer_test
 
 import (
-	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/recal-project/recal/config"
+	"github.com/recal-project/recal/internal/testenv"
 	"github.com/recal-project/recal/trainer"
 )
-
-// fakeRun makes dir a run folder trained with cfg whose checkpoints/last
-// names checkpoints/step-<step>: every file of a checkpoint is there (the
-// weights empty), as trainedAs, finished and `recal train --resume`'s
-// checks read them.
-func fakeRun(t *testing.T, dir string, cfg config.Config, step int) {
-	t.Helper()
-	ck := filepath.Join(dir, "checkpoints")
-	name := fmt.Sprintf("step-%d", step)
-	if err := os.MkdirAll(filepath.Join(ck, name), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := cfg.Write(filepath.Join(dir, "config.toml")); err != nil {
-		t.Fatal(err)
-	}
-	for f, text := range map[string]string{"config.json": "{}", "model.safetensors": "", "optimizer.safetensors": "",
-		"trainer_state.json": fmt.Sprintf(`{"sft_done": true, "step": %d}`, step)} {
-		if err := os.WriteFile(filepath.Join(ck, name, f), []byte(text), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.Remove(filepath.Join(ck, "last")); err != nil && !os.IsNotExist(err) {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(name, filepath.Join(ck, "last")); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // recal ablate and recal table1 reuse a finished run only when it was
 // trained with the configuration they would train it with (a table must
@@ -48,7 +18,7 @@ func fakeRun(t *testing.T, dir string, cfg config.Config, step int) {
 func TestReuseAcceptsWhatResumeAccepts(t *testing.T) {
 	// From the paper's constant schedule, under which more steps continue a
 	// finished run (the offline default's cosine is the subtest below).
-	cfg, err := config.Load("../../recal.toml", []string{"train.lr_schedule=constant", "train.warmup_steps=0", "train.min_lr_ratio=0"})
+	cfg, err := config.Load("../recal.toml", []string{"train.lr_schedule=constant", "train.warmup_steps=0", "train.min_lr_ratio=0"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,27 +54,27 @@ func TestReuseAcceptsWhatResumeAccepts(t *testing.T) {
 	t.Run("more steps under a cosine schedule", func(t *testing.T) {
 		cos := edit(func(c *config.Config) { c.Train.LRSchedule = "cosine" })
 		d := t.TempDir()
-		fakeRun(t, d, cos, 300)
-		if err := trainedAs(d, cos); err != nil {
+		testenv.FakeRun(t, d, cos, 300)
+		if err := trainer.TrainedAs(d, cos); err != nil {
 			t.Fatalf("same config: %v", err)
 		}
 		longer := cos
 		longer.Train.Steps = 400
-		if err := trainedAs(d, longer); err == nil || !strings.Contains(err.Error(), "train.steps: 300 in the run, 400 now") {
+		if err := trainer.TrainedAs(d, longer); err == nil || !strings.Contains(err.Error(), "train.steps: 300 in the run, 400 now") {
 			t.Fatalf("error %v, want one naming train.steps with both values", err)
 		}
 	})
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			dir := t.TempDir()
-			fakeRun(t, dir, cfg, c.step)
-			err := trainedAs(dir, c.cfg)
+			testenv.FakeRun(t, dir, cfg, c.step)
+			err := trainer.TrainedAs(dir, c.cfg)
 			if resumeErr := trainer.CheckResume(dir, c.cfg); (err == nil) != (resumeErr == nil) {
-				t.Errorf("trainedAs: %v; train --resume's check: %v; want both to accept or both to refuse", err, resumeErr)
+				t.Errorf("TrainedAs: %v; train --resume's check: %v; want both to accept or both to refuse", err, resumeErr)
 			}
 			var done bool
 			if err == nil {
-				done, err = finished(dir, c.cfg.Train.Steps)
+				done, err = trainer.Finished(dir, c.cfg.Train.Steps)
 			}
 			if c.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), c.wantErr) {

@@ -1,4 +1,4 @@
-package trainer
+package rollout
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 // ErrInvalidQuery marks a query the service cannot run as asked, which is
 // the asker's fault: a question too long for the KV cache's rows, a model
 // not in the pool, limits out of range. `recal serve` answers it 400.
-var ErrInvalidQuery = errors.New("trainer: invalid query")
+var ErrInvalidQuery = errors.New("rollout: invalid query")
 
 // ServiceQuestionTokens is the room the service's KV cache leaves for a
 // question's tokens in each row, on top of the prompt with every pool model
@@ -108,10 +108,10 @@ func (d resettable) Reset(ctx context.Context, rows ...int) error { return d.C.R
 // cache is freed when Run returns.
 func (e *Env) NewService(maxBatch, maxSamplings int, seed uint64) (*Service, error) {
 	if maxBatch < 1 {
-		return nil, fmt.Errorf("trainer: service: max batch %d, want ≥ 1", maxBatch)
+		return nil, fmt.Errorf("rollout: service: max batch %d, want ≥ 1", maxBatch)
 	}
 	if maxSamplings < 1 {
-		return nil, fmt.Errorf("trainer: service: max samplings %d, want ≥ 1", maxSamplings)
+		return nil, fmt.Errorf("rollout: service: max samplings %d, want ≥ 1", maxSamplings)
 	}
 	base, err := e.Prompt.Tokens(e.Engine.Tok, "")
 	if err != nil {
@@ -119,7 +119,7 @@ func (e *Env) NewService(maxBatch, maxSamplings int, seed uint64) (*Service, err
 	}
 	need := len(base) + e.Router.Capacity()
 	if need > e.Engine.CtxLen {
-		return nil, fmt.Errorf("trainer: service: the prompt (%d tokens) and a response (%d) exceed the policy's context of %d tokens",
+		return nil, fmt.Errorf("rollout: service: the prompt (%d tokens) and a response (%d) exceed the policy's context of %d tokens",
 			len(base), e.Router.Capacity(), e.Engine.CtxLen)
 	}
 	capacity := min(need+ServiceQuestionTokens, e.Engine.CtxLen)
@@ -143,7 +143,7 @@ func (e *Env) NewService(maxBatch, maxSamplings int, seed uint64) (*Service, err
 // error). It frees the KV cache; a Service runs once.
 func (s *Service) Run(ctx context.Context) error {
 	if s.ran.Swap(true) {
-		return errors.New("trainer: service: Run called twice")
+		return errors.New("rollout: service: Run called twice")
 	}
 	defer s.cache.Close()
 	return s.eng.Run(ctx)

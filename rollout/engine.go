@@ -1,14 +1,12 @@
-// Package trainer runs the policy: GRPO training with ReCal's calibrated
-// advantages, the supervised format warm-up, validation and evaluation. It
-// wires the pure-Go parts (router, calibration, llmpool, data) to the policy
-// engine in torchbridge.
-package trainer
+package rollout
 
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"runtime"
 
+	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/generate"
 	"github.com/recal-project/recal/internal/hfmodel"
 	"github.com/recal-project/recal/tokenizer"
@@ -117,4 +115,19 @@ func ToInt32(ids []int) []int32 {
 		out[i] = int32(v)
 	}
 	return out
+}
+
+// Open opens checkpoint ck (on policy.device, in policy.dtype) in cfg's
+// routing environment (NewEnv, whose pool draws wrong answers from bank).
+// close closes the environment's pool and the policy.
+func Open(cfg config.Config, ck string, bank map[string][]string, log *slog.Logger) (env *Env, close func(), err error) {
+	eng, err := OpenEngine(ck, torchbridge.Options{Device: cfg.Policy.Device, DType: cfg.Policy.DType})
+	if err != nil {
+		return nil, nil, fmt.Errorf("checkpoint %s is not a policy: %w", ck, err)
+	}
+	if env, err = NewEnv(cfg, eng, bank, log); err != nil {
+		eng.Close()
+		return nil, nil, err
+	}
+	return env, func() { env.Close(); eng.Close() }, nil
 }

@@ -1,4 +1,4 @@
-package main
+package table1
 
 import (
 	"bytes"
@@ -15,6 +15,7 @@ import (
 
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/eval"
+	"github.com/recal-project/recal/internal/testenv"
 	"github.com/recal-project/recal/internal/testpolicy"
 	"github.com/recal-project/recal/trainer"
 )
@@ -24,8 +25,8 @@ import (
 // of each training.
 func table1Config(t *testing.T) config.Config {
 	t.Helper()
-	ck := testpolicy.Micro(t, "../..", 1)
-	cfg, err := config.Load("../../recal.toml", []string{
+	ck := testpolicy.Micro(t, "..", 1)
+	cfg, err := config.Load("../recal.toml", []string{
 		"policy.checkpoint=" + ck, "policy.threads=2",
 		"data.train_per_dataset=4", "data.val_per_dataset=2", "data.test_per_dataset=2",
 		"router.turn_tokens=8", "router.info_tokens=8", "router.max_turns=1",
@@ -59,7 +60,7 @@ func mtimes(t *testing.T, dir string) map[string]time.Time {
 	return out
 }
 
-// recal table1 makes what is missing, evaluates every row it can run and
+// Run makes what is missing, evaluates every row it can run and
 // marks the others with why; run again on the same work folder it trains
 // nothing, fits nothing, calls no pool and writes no checkpoint, outcome or
 // result again, and gives the same table. Router-R1 trains as many steps
@@ -83,9 +84,9 @@ func TestTable1TrainsOnceAndReuses(t *testing.T) {
 		t.Fatal(err)
 	}
 	work := t.TempDir()
-	o := table1Options{Work: work, Checkpoint: filepath.Join(run, "checkpoints", "last"), Datasets: []string{"nq", "hotpotqa", "popqa"},
+	o := Options{Work: work, Checkpoint: filepath.Join(run, "checkpoints", "last"), Datasets: []string{"nq", "hotpotqa", "popqa"},
 		Split: "test", KNNLog: knnLog, KNNK: 2, Log: quiet}
-	first, rep, err := runTable1(ctx, cfg, o)
+	first, rep, err := Run(ctx, cfg, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,8 +121,8 @@ func TestTable1TrainsOnceAndReuses(t *testing.T) {
 		byLabel[r.Label] = r.Scores
 	}
 	r1Dir := filepath.Join(work, "router-r1")
-	if done, err := finished(r1Dir, cfg.Train.Steps); err != nil || !done {
-		t.Errorf("router-r1 finished at the ReCal run's %d steps: %v (%v); want the same step budget as ReCal", cfg.Train.Steps, done, err)
+	if done, err := trainer.Finished(r1Dir, cfg.Train.Steps); err != nil || !done {
+		t.Errorf("router-r1 trainer.Finished at the ReCal run's %d steps: %v (%v); want the same step budget as ReCal", cfg.Train.Steps, done, err)
 	}
 	r1Best, err := os.Readlink(filepath.Join(r1Dir, "checkpoints", "best"))
 	if err != nil {
@@ -145,7 +146,7 @@ func TestTable1TrainsOnceAndReuses(t *testing.T) {
 	}
 
 	before := mtimes(t, work)
-	second, rep, err := runTable1(ctx, cfg, o)
+	second, rep, err := Run(ctx, cfg, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,7 +195,7 @@ func TestTable1MissingInputsNameTheirCommand(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			c.setup()
 			work := filepath.Join(dir, "work")
-			_, _, err := runTable1(context.Background(), cfg, table1Options{Work: work, Checkpoint: ck, Datasets: []string{"nq"}, Split: "nq", R1Steps: 1})
+			_, _, err := Run(context.Background(), cfg, Options{Work: work, Checkpoint: ck, Datasets: []string{"nq"}, Split: "nq", R1Steps: 1})
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Errorf("error %v, want one naming %q", err, c.want)
 			}
@@ -205,50 +206,11 @@ func TestTable1MissingInputsNameTheirCommand(t *testing.T) {
 	}
 }
 
-// recal eval asked for a router without what it is made from fails with
-// status 2 or 1 and a message naming the command that makes it.
-func TestEvalNamesTheMissingCommand(t *testing.T) {
-	ck := smallCheckpoint(t)
-	cases := []struct {
-		router, want string
-	}{
-		{"sft", "recal train-sft-direct"},
-		{"mlp", "recal fit"},
-		{"knn-decomp", "--knn-log"},
-	}
-	for _, c := range cases {
-		t.Run(c.router, func(t *testing.T) {
-			code, _, stderr := runCLI(t, "--threads", "2", "eval", "--config", "../../recal.toml", "--checkpoint", ck, "--routers", c.router, "--datasets", "nq",
-				"--set", "data.test_per_dataset=1", "--set", "router.turn_tokens=8", "--out", t.TempDir())
-			if code == 0 || !strings.Contains(stderr, c.want) {
-				t.Errorf("exit %d, stderr %q; want a failure naming %q", code, stderr, c.want)
-			}
-		})
-	}
-}
-
-// recal eval --dry-run lists what the no-routing and decomposition rows
-// lack, naming the flag or command that supplies it.
-func TestDryRunEvalNewRows(t *testing.T) {
-	ck := testpolicy.Micro(t, "../..", 1)
-	code, _, stderr := runCLI(t, "eval", "--config", "../../recal.toml", "--checkpoint", ck, "--datasets", "nq", "--dry-run",
-		"--routers", "sft,knn-decomp,cot", "--cot-template", filepath.Join(t.TempDir(), "none.tmpl"))
-	if code != 2 {
-		t.Fatalf("exit status %d, want 2; stderr: %s", code, stderr)
-	}
-	got := strings.Join(problemLines(t, stderr), "\n")
-	for _, want := range []string{"knn-decomp needs logged outcomes: --knn-log", "sft needs --sft-checkpoint DIR, made by `recal train-sft-direct", "none.tmpl does not exist"} {
-		if !strings.Contains(got, want) {
-			t.Errorf("problems\n%s\nlack %q", got, want)
-		}
-	}
-}
-
 // The Router-R1 row's run is trained with ReCal's step budget by default
 // (train.steps of the ReCal run's configuration; --r1-steps overrides it)
 // and reused or refused as `recal train --resume` would continue it, with
 // errors that say table1, not another command. No case trains: each finds
-// a finished run, or is refused before training.
+// a trainer.Finished run, or is refused before training.
 func TestTable1RouterR1Reuse(t *testing.T) {
 	cfg := table1Config(t)
 	start := cfg.Policy.Checkpoint
@@ -292,19 +254,19 @@ func TestTable1RouterR1Reuse(t *testing.T) {
 				t.Fatal(err)
 			}
 			dir := filepath.Join(t.TempDir(), "router-r1")
-			fakeRun(t, dir, c.run, c.step)
+			testenv.FakeRun(t, dir, c.run, c.step)
 			if err := os.WriteFile(filepath.Join(dir, "start.digest"), []byte(digest), 0o644); err != nil {
 				t.Fatal(err)
 			}
 			before := mtimes(t, dir)
-			o := table1Options{R1Steps: c.r1Steps, R1Start: start, Log: quietLog()}
-			made, err := table1RouterR1(context.Background(), cfg, dir, recalRun, o)
+			o := Options{R1Steps: c.r1Steps, R1Start: start, Log: quietLog()}
+			made, err := routerR1(context.Background(), cfg, dir, recalRun, o)
 			if made {
-				t.Errorf("table1RouterR1 trained; want the finished run reused or refused")
+				t.Errorf("routerR1 trained; want the trainer.Finished run reused or refused")
 			}
 			if c.want == "" {
 				if err != nil {
-					t.Fatalf("%v; want the finished run reused", err)
+					t.Fatalf("%v; want the trainer.Finished run reused", err)
 				}
 			} else {
 				if err == nil || !strings.Contains(err.Error(), c.want) {

@@ -1,4 +1,4 @@
-package main
+package trainer
 
 import (
 	"encoding/json"
@@ -9,25 +9,24 @@ import (
 	"strings"
 
 	"github.com/recal-project/recal/config"
-	"github.com/recal-project/recal/trainer"
 )
 
-// Commands that train a run once and reuse it afterwards (recal table1's
-// Router-R1 policy, recal ablate's warm-ups and variants) decide with these
+// Experiments that train a run once and reuse it afterwards (Table 1's
+// Router-R1 policy, the ablation's warm-ups and variants) decide with these
 // whether a run folder that holds checkpoints is theirs and done. Their
-// errors carry no command prefix: the caller adds its own.
+// errors carry no prefix: the caller adds its own (table1, ablate).
 
-// trainedAs checks that the run in dir, which has checkpoints, was trained
-// with cfg as `recal train --resume` would accept it (trainer.CheckResume):
-// every key but trainer.OperationalKeys must match the run's configuration,
+// TrainedAs checks that the run in dir, which has checkpoints, was trained
+// with cfg as `recal train --resume` would accept it (CheckResume):
+// every key but OperationalKeys must match the run's configuration,
 // and train.steps too under a decaying train.lr_schedule. A table must not
 // name one configuration and report another's policy.
-func trainedAs(dir string, cfg config.Config) error {
-	if !fileExists(filepath.Join(dir, "config.toml")) {
+func TrainedAs(dir string, cfg config.Config) error {
+	if !exists(filepath.Join(dir, "config.toml")) {
 		return fmt.Errorf("%s has checkpoints but no config.toml: what it was trained with is unknown; remove it to train it again", dir)
 	}
-	err := trainer.CheckResume(dir, cfg)
-	if e, ok := errors.AsType[*trainer.ConfigMismatchError](err); ok {
+	err := CheckResume(dir, cfg)
+	if e, ok := errors.AsType[*ConfigMismatchError](err); ok {
 		var keys []string
 		for _, c := range e.Changes {
 			keys = append(keys, fmt.Sprintf("%s: %s in the run, %s now", c.Key, c.Old, c.New))
@@ -37,8 +36,8 @@ func trainedAs(dir string, cfg config.Config) error {
 	return err
 }
 
-// finished reports whether a run's last checkpoint is at its final step.
-func finished(dir string, steps int) (bool, error) {
+// Finished reports whether a run's last checkpoint is at its final step.
+func Finished(dir string, steps int) (bool, error) {
 	path := filepath.Join(dir, "checkpoints", "last", "trainer_state.json")
 	b, err := os.ReadFile(path)
 	if err != nil {

@@ -1,4 +1,4 @@
-package main
+package table1
 
 import (
 	"os"
@@ -6,11 +6,12 @@ import (
 	"testing"
 
 	"github.com/recal-project/recal/eval"
+	"github.com/recal-project/recal/internal/testenv"
 )
 
 // The Router-R1 row runs its run's checkpoints/best where there is one,
 // else checkpoints/last: the rule --checkpoint's run is resolved by for the
-// ReCal row (trainer.ResolveCheckpoint), so that neither RL row is
+// ReCal row (rollout.ResolveCheckpoint), so that neither RL row is
 // evaluated at another point of its run than the other's rule picks.
 func TestTable1PoliciesResolveBothRLRowsAlike(t *testing.T) {
 	cfg := table1Config(t)
@@ -26,14 +27,14 @@ func TestTable1PoliciesResolveBothRLRowsAlike(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			dir := t.TempDir()
-			fakeRun(t, dir, cfg, 1)
-			fakeRun(t, dir, cfg, 2)
+			testenv.FakeRun(t, dir, cfg, 1)
+			testenv.FakeRun(t, dir, cfg, 2)
 			if c.best {
 				if err := os.Symlink("step-1", filepath.Join(dir, "checkpoints", "best")); err != nil {
 					t.Fatal(err)
 				}
 			}
-			got, err := table1Policies(cfg, recal, dir, quietLog())
+			got, err := policies(cfg, recal, dir, quietLog())
 			if err != nil {
 				t.Fatal(err)
 			}

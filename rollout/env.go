@@ -1,4 +1,4 @@
-package trainer
+package rollout
 
 import (
 	"context"
@@ -95,7 +95,7 @@ func (e *Env) PromptTokens(ex data.Example) ([]int32, error) {
 	}
 	p := ToInt32(ids)
 	if len(p)+e.Router.Capacity() > e.Engine.CtxLen {
-		return nil, fmt.Errorf("trainer: question %s: prompt of %d tokens plus %d response tokens exceed the policy's context of %d", ex.ID, len(p), e.Router.Capacity(), e.Engine.CtxLen)
+		return nil, fmt.Errorf("rollout: question %s: prompt of %d tokens plus %d response tokens exceed the policy's context of %d", ex.ID, len(p), e.Router.Capacity(), e.Engine.CtxLen)
 	}
 	e.prompts[ex.ID] = p
 	return p, nil

@@ -1,4 +1,4 @@
-package trainer_test
+package rollout_test
 
 import (
 	"context"

@@ -1,0 +1,48 @@
+package main
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/recal-project/recal/internal/testpolicy"
+)
+
+// recal eval asked for a router without what it is made from fails with
+// status 2 or 1 and a message naming the command that makes it.
+func TestEvalNamesTheMissingCommand(t *testing.T) {
+	ck := smallCheckpoint(t)
+	cases := []struct {
+		router, want string
+	}{
+		{"sft", "recal train-sft-direct"},
+		{"mlp", "recal fit"},
+		{"knn-decomp", "--knn-log"},
+	}
+	for _, c := range cases {
+		t.Run(c.router, func(t *testing.T) {
+			code, _, stderr := runCLI(t, "--threads", "2", "eval", "--config", "../../recal.toml", "--checkpoint", ck, "--routers", c.router, "--datasets", "nq",
+				"--set", "data.test_per_dataset=1", "--set", "router.turn_tokens=8", "--out", t.TempDir())
+			if code == 0 || !strings.Contains(stderr, c.want) {
+				t.Errorf("exit %d, stderr %q; want a failure naming %q", code, stderr, c.want)
+			}
+		})
+	}
+}
+
+// recal eval --dry-run lists what the no-routing and decomposition rows
+// lack, naming the flag or command that supplies it.
+func TestDryRunEvalNewRows(t *testing.T) {
+	ck := testpolicy.Micro(t, "../..", 1)
+	code, _, stderr := runCLI(t, "eval", "--config", "../../recal.toml", "--checkpoint", ck, "--datasets", "nq", "--dry-run",
+		"--routers", "sft,knn-decomp,cot", "--cot-template", filepath.Join(t.TempDir(), "none.tmpl"))
+	if code != 2 {
+		t.Fatalf("exit status %d, want 2; stderr: %s", code, stderr)
+	}
+	got := strings.Join(problemLines(t, stderr), "\n")
+	for _, want := range []string{"knn-decomp needs logged outcomes: --knn-log", "sft needs --sft-checkpoint DIR, made by `recal train-sft-direct", "none.tmpl does not exist"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("problems\n%s\nlack %q", got, want)
+		}
+	}
+}

@@ -1,0 +1,116 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/urfave/cli/v3"
+
+	"github.com/recal-project/recal/config"
+	"github.com/recal-project/recal/data"
+	"github.com/recal-project/recal/eval"
+	"github.com/recal-project/recal/rollout"
+)
+
+// What several commands share: reading list flags, libtorch's threads and
+// the progress display.
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+func progressFunc() func(string, int, int) {
+	st, _ := os.Stderr.Stat()
+	if st == nil || st.Mode()&os.ModeCharDevice == 0 {
+		return func(r string, done, total int) {
+			if done == total {
+				slog.Info("router done", "router", r, "questions", total)
+			}
+		}
+	}
+	return func(r string, done, total int) {
+		width := 30
+		fill := width * done / max(total, 1)
+		fmt.Fprintf(os.Stderr, "\r%-8s [%s%s] %d/%d", r, strings.Repeat("=", fill), strings.Repeat(" ", width-fill), done, total)
+		if done == total {
+			fmt.Fprintln(os.Stderr)
+		}
+	}
+}
+
+// setThreadsFrom sets libtorch's CPU threads: --threads, else configured
+// (policy.threads, or decodingThreads for a command that only decodes).
+func setThreadsFrom(cmd *cli.Command, configured int) error {
+	threads := configured
+	if cmd.Root().IsSet("threads") {
+		threads = int(cmd.Root().Int("threads"))
+	}
+	return rollout.SetThreads(threads)
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// decodingThreads is the CPU thread count of recal serve, which only
+// decodes (and not through Env.Roll, which switches to
+// policy.decode_threads itself): policy.decode_threads when set, else
+// policy.threads.
+func decodingThreads(p config.Policy) int {
+	if p.DecodeThreads > 0 {
+		return p.DecodeThreads
+	}
+	return p.Threads
+}
+
+// withExtraModels adds the [[models]] of an --extra-models file to the pool.
+func withExtraModels(cfg config.Config, path string) (config.Config, error) {
+	if path == "" {
+		return cfg, nil
+	}
+	extra, err := eval.LoadExtraModels(path)
+	if err != nil {
+		return cfg, usageError{err}
+	}
+	cfg.Pool.Models = append(slices.Clip(cfg.Pool.Models), extra...)
+	if err := cfg.Pool.Validate(); err != nil {
+		return cfg, usageError{fmt.Errorf("%s: %w", path, err)}
+	}
+	return cfg, nil
+}
+
+// evalSelection names the test datasets of --split or --datasets, and the
+// selection's name for the default --out.
+func evalSelection(cmd *cli.Command) ([]string, string, error) {
+	sel := cmd.String("split")
+	names, err := data.Split(sel)
+	if cmd.IsSet("datasets") {
+		sel = strings.ReplaceAll(cmd.String("datasets"), ",", "+")
+		names, err = data.Expand(strings.Split(cmd.String("datasets"), ","))
+	}
+	if err != nil {
+		return nil, "", usageError{err}
+	}
+	return names, sel, nil
+}
+
+// evalQuestions loads the test questions of --split or --datasets.
+func evalQuestions(cmd *cli.Command, cfg config.Config) ([]data.Example, string, error) {
+	names, sel, err := evalSelection(cmd)
+	if err != nil {
+		return nil, "", err
+	}
+	cfg.Data.Test = names
+	qs, err := cfg.Data.LoadTest()
+	return qs, sel, err
+}
