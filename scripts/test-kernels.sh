@@ -21,9 +21,9 @@ cd "$(dirname "$0")/.."
 declare -A TESTS=(
   [torchbridge]='^(TestLogpIndependentOfBatching|TestCheckKernels)$'
   [trainer]='^(TestTrainDataParallel|TestRolloutWorkers|TestResumeMatchesUninterrupted|TestPPOResumeMatchesUninterrupted)$'
-  [cmd/recal]='^TestAblateSharedWarmupEqualsCombinedRun$'
+  [ablate]='^TestAblateSharedWarmupEqualsCombinedRun$'
 )
-PKGS=(torchbridge trainer cmd/recal)
+PKGS=(torchbridge trainer ablate)
 
 out=build/test-kernels
 mkdir -p "$out"
