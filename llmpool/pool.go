@@ -69,7 +69,8 @@ type Response struct {
 	// TokensEstimated is true when the token counts are estimated.
 	TokensEstimated bool
 	// Cost is the list-price cost of the reply in USD (tokens times the
-	// model's prices per million tokens), the same whether it came from the
+	// model's prices per million tokens; a replayed reply's logged cost when
+	// the log has one), the same whether it came from the
 	// cache or the provider, so rewards do not depend on the cache. The money
 	// actually spent is Usage.Cost. 0 when Failed.
 	Cost float64
@@ -163,7 +164,7 @@ func New(cfg Config, opts ...Option) (*Pool, error) {
 		byName: map[string]*poolModel{},
 	}
 	env := providerEnv{log: o.log, getenv: o.lookupEnv, answerBank: o.answerBank,
-		wire: semaphore.NewWeighted(int64(cfg.MaxConcurrency))}
+		wire: semaphore.NewWeighted(int64(cfg.MaxConcurrency)), logs: logBook{}}
 	names := make([]string, 0, len(cfg.Models))
 	for i, m := range cfg.Models {
 		prov, err := providers[m.Provider](m, env)
@@ -239,7 +240,7 @@ func (p *Pool) Call(ctx context.Context, req Request) Response {
 	call := providerCall{Query: sanitizeQuery(req.Query, p.cfg.MaxQueryChars), Question: req.Question}
 
 	key := ""
-	if p.cache != nil {
+	if _, uncached := m.prov.(uncachedProvider); p.cache != nil && !uncached {
 		k, err := cacheKeyOf(m.info.Provider, m.prov.cacheKey(call))
 		switch {
 		case err != nil && p.cfg.Cache == CacheReadOnly:
@@ -341,6 +342,9 @@ func (p *Pool) success(ctx context.Context, start time.Time, m *poolModel, c com
 		Model: m.info.Name, Text: c.Text, InputTokens: c.InputTokens, OutputTokens: c.OutputTokens,
 		TokensEstimated: c.Estimated, Cost: cost(m.info, c.InputTokens, c.OutputTokens),
 		Latency: time.Since(start), Cached: cached,
+	}
+	if c.Cost != nil {
+		r.Cost = *c.Cost
 	}
 	u := Usage{Calls: 1, ListCost: r.Cost, Latency: r.Latency}
 	if cached {

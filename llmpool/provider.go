@@ -43,6 +43,15 @@ type completion struct {
 	Estimated bool
 	// Attempts is the number of requests sent (1 without retries).
 	Attempts int
+	// Cost, when set, is the reply's cost in USD as logged (provider
+	// "replay"), used instead of tokens times the model's prices.
+	Cost *float64
+}
+
+// uncachedProvider is implemented by providers whose replies bypass the
+// response cache (a replayed reply is already a lookup in a file).
+type uncachedProvider interface {
+	uncached()
 }
 
 // providerEnv is what a provider constructor gets besides its model config.
@@ -55,6 +64,8 @@ type providerEnv struct {
 	// simulated latency), never while it waits for its own slot, rate
 	// limit or retry backoff.
 	wire *semaphore.Weighted
+	// logs reads each outcome log once per New (provider "replay").
+	logs logBook
 }
 
 // providerFactory builds the provider of one model from its validated,
@@ -65,6 +76,7 @@ type providerFactory func(m ModelConfig, env providerEnv) (provider, error)
 // pool.models[].provider. Adding a provider means adding it here.
 var providers = map[string]providerFactory{
 	"openai": newOpenAI,
+	"replay": newReplay,
 	"sim":    newSim,
 }
 
