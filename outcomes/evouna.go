@@ -29,7 +29,8 @@ const EVOUNAJudge = "human (EVOUNA)"
 
 // Files written by ConvertEVOUNA into its output folder.
 const (
-	LogFile = "outcomes.jsonl" // the outcome log
+	LogFile    = "outcomes.jsonl.gz" // the outcome log, gzipped
+	ReportFile = "conversion.json"   // the EVOUNAReport, as JSON
 )
 
 // EVOUNAOptions tunes ConvertEVOUNA.
@@ -92,7 +93,8 @@ type evounaRecord struct {
 // files package data reads: <dataset>/test.jsonl for every dataset and
 // <InDomain>/train.jsonl, holding the complete questions only (not
 // improper, golden answer present, every system judged). It copies src's
-// LICENSE and writes README.md (src's README.md and the counts).
+// LICENSE and writes ReportFile (the report it returns) and README.md
+// (src's README.md and the counts).
 func ConvertEVOUNA(src, out string, o EVOUNAOptions) (EVOUNAReport, error) {
 	if o.InDomain == "" {
 		o.InDomain = "nq"
@@ -167,7 +169,7 @@ func ConvertEVOUNA(src, out string, o EVOUNAOptions) (EVOUNAReport, error) {
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return rep, fmt.Errorf("outcomes: %w", err)
 	}
-	if err := writeFile(filepath.Join(out, LogFile), func(w io.Writer) error { return Write(w, rows) }); err != nil {
+	if err := WriteFile(filepath.Join(out, LogFile), rows); err != nil {
 		return rep, err
 	}
 	keys := mapsKeys(questions)
@@ -176,6 +178,13 @@ func ConvertEVOUNA(src, out string, o EVOUNAOptions) (EVOUNAReport, error) {
 		if err := WriteQuestions(filepath.Join(out, k+".jsonl"), questions[k]); err != nil {
 			return rep, err
 		}
+	}
+	if err := writeFile(filepath.Join(out, ReportFile), func(w io.Writer) error {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}); err != nil {
+		return rep, err
 	}
 	if err := copyFile(filepath.Join(src, "LICENSE"), filepath.Join(out, "LICENSE")); err != nil {
 		return rep, err
@@ -339,10 +348,11 @@ func evounaReadme(source []byte, rep EVOUNAReport, o EVOUNAOptions) string {
 	b.WriteString("# EVOUNA as a recal outcome log\n\n")
 	b.WriteString("Made with `recal outcomes convert-evouna`")
 	fmt.Fprintf(&b, " (in-domain %s, %d test questions, seed %d) from the files described below ", o.InDomain, o.Test, o.Seed)
-	b.WriteString("(licence: `LICENSE`, Apache-2.0, copied from the source). The format and the replay provider\n")
-	b.WriteString("are described in docs/outcomes.md.\n\n")
-	b.WriteString("- `outcomes.jsonl`: one row per record and system with a reply or a judgment (improper records included).\n")
-	b.WriteString("- `<dataset>/{train,test}.jsonl`: the complete questions (not improper, golden answer present, all five systems judged).\n\n")
+	b.WriteString("\n(licence: `LICENSE`, Apache-2.0, copied from the source). The format and the replay\n")
+	b.WriteString("provider are described in docs/outcomes.md.\n\n")
+	b.WriteString("- `outcomes.jsonl.gz`: the outcome log (gzipped; `zcat` reads it), one row per record and system with a reply or a judgment (improper records included).\n")
+	b.WriteString("- `<dataset>/{train,test}.jsonl`: the complete questions (not improper, golden answer present, all five systems judged).\n")
+	b.WriteString("- `conversion.json`: the counts below, as the converter reported them.\n\n")
 	b.WriteString("| dataset | file | records | improper | no golden | rows | complete | train | test |")
 	for _, s := range EVOUNASystems {
 		fmt.Fprintf(&b, " usable %s (right) |", s)

@@ -3,6 +3,7 @@ package outcomes
 import (
 	"bufio"
 	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -102,14 +103,28 @@ func (l *Log) Questions() []string {
 // ErrFormat is wrapped by every error about the content of a log (not I/O).
 var ErrFormat = errors.New("outcomes: bad outcome log")
 
-// ReadFile reads the outcome log at path (see Read).
+// ReadFile reads the outcome log at path (see Read); a path ending in
+// ".gz" is gunzipped first.
 func ReadFile(path string) (*Log, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("outcomes: %w", err)
 	}
 	defer f.Close()
-	return Read(f, path)
+	var r io.Reader = f
+	if strings.HasSuffix(path, ".gz") {
+		zr, err := gzip.NewReader(f)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: not gzip: %v", ErrFormat, path, err)
+		}
+		defer zr.Close()
+		r = zr
+	}
+	l, err := Read(r, path)
+	if err != nil && !errors.Is(err, ErrFormat) && strings.HasSuffix(path, ".gz") {
+		return nil, fmt.Errorf("%w: %v", ErrFormat, err) // a corrupt gzip stream
+	}
+	return l, err
 }
 
 // Read reads an outcome log, strictly: every non-blank line must be one JSON
@@ -335,7 +350,19 @@ func Write(w io.Writer, rows []Row) error {
 }
 
 // WriteFile writes rows as an outcome log at path, replacing it whole (a
-// temporary file renamed into place).
+// temporary file renamed into place); a path ending in ".gz" is gzipped.
 func WriteFile(path string, rows []Row) error {
-	return writeFile(path, func(w io.Writer) error { return Write(w, rows) })
+	return writeFile(path, func(w io.Writer) error {
+		if !strings.HasSuffix(path, ".gz") {
+			return Write(w, rows)
+		}
+		zw, err := gzip.NewWriterLevel(w, gzip.BestCompression)
+		if err != nil {
+			return err
+		}
+		if err := Write(zw, rows); err != nil {
+			return err
+		}
+		return zw.Close()
+	})
 }
