@@ -145,7 +145,7 @@ func (r *replay) complete(ctx context.Context, call providerCall) (completion, e
 	if !ok {
 		return completion{Attempts: 1}, fmt.Errorf("%w in %s for question %q, model %q", ErrReplayMissing, r.cfg.Log, q.ID, r.cfg.Model)
 	}
-	text := cutRunes(strings.TrimSpace(ReplayText(row, r.cfg.Render)), r.cfg.MaxReplyChars)
+	text := strings.TrimSpace(cutRunes(strings.TrimSpace(ReplayText(row, r.cfg.Render)), r.cfg.MaxReplyChars))
 	c := completion{Text: text, Attempts: 1}
 	if row.InputTokens != nil {
 		c.InputTokens = *row.InputTokens
