@@ -23,7 +23,7 @@ type ExportStats struct {
 // ExportLog writes the outcomes of a collect folder as an outcome log
 // (package outcomes) at path (replaced whole), so that a pool of provider "replay" answers as
 // the collected models did: per (question, model) with a reply, the reply,
-// its tokens and list-price cost, and Correct = exact match of its extracted
+// its tokens, list-price cost and latency, and Correct = exact match of its extracted
 // answer. Rows come by question id, then in pool order. Failed calls are
 // left out and counted.
 func ExportLog(dir, path string) (ExportStats, error) {
@@ -63,9 +63,10 @@ func ExportLog(dir, path string) (ExportStats, error) {
 			continue
 		}
 		reply, correct := o.Reply, o.EM == 1
-		in, out, cost := o.InputTokens, o.OutputTokens, o.Cost
+		in, out, cost, lat := o.InputTokens, o.OutputTokens, o.Cost, o.LatencyMS
 		rows = append(rows, outcomes.Row{Dataset: o.Dataset, QuestionID: o.QuestionID, Question: o.Question, Golden: o.Golden,
-			Model: o.Model, Reply: &reply, Correct: &correct, Judge: ExportJudge, InputTokens: &in, OutputTokens: &out, Cost: &cost})
+			Model: o.Model, Reply: &reply, Correct: &correct, Judge: ExportJudge, InputTokens: &in, OutputTokens: &out, Cost: &cost,
+			LatencyMS: &lat})
 	}
 	if len(rows) == 0 {
 		return st, fmt.Errorf("%w in %s: no call with a reply", ErrNoOutcomes, dir)

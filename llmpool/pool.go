@@ -74,7 +74,8 @@ type Response struct {
 	// cache or the provider, so rewards do not depend on the cache. The money
 	// actually spent is Usage.Cost. 0 when Failed.
 	Cost float64
-	// Latency is the wall time of the call, waits and retries included.
+	// Latency is the wall time of the call, waits and retries included; a
+	// replayed reply's logged latency (0 when not logged).
 	Latency time.Duration
 	// Cached is true when the reply came from the cache.
 	Cached bool
@@ -345,6 +346,9 @@ func (p *Pool) success(ctx context.Context, start time.Time, m *poolModel, c com
 	}
 	if c.Cost != nil {
 		r.Cost = *c.Cost
+	}
+	if c.Latency != nil {
+		r.Latency = *c.Latency
 	}
 	u := Usage{Calls: 1, ListCost: r.Cost, Latency: r.Latency}
 	if cached {

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"time"
 
 	"golang.org/x/sync/semaphore"
 )
@@ -46,6 +47,10 @@ type completion struct {
 	// Cost, when set, is the reply's cost in USD as logged (provider
 	// "replay"), used instead of tokens times the model's prices.
 	Cost *float64
+	// Latency, when set, is the reply's latency as logged (provider
+	// "replay"), reported instead of the call's wall time so that replayed
+	// runs are identical byte for byte.
+	Latency *time.Duration
 }
 
 // uncachedProvider is implemented by providers whose replies bypass the

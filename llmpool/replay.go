@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/recal-project/recal/outcomes"
 )
@@ -161,6 +162,11 @@ func (r *replay) complete(ctx context.Context, call providerCall) (completion, e
 		cost := *row.Cost
 		c.Cost = &cost
 	}
+	var lat time.Duration // the lookup's own time is noise: 0 unless logged
+	if row.LatencyMS != nil {
+		lat = time.Duration(*row.LatencyMS * float64(time.Millisecond))
+	}
+	c.Latency = &lat
 	return c, nil
 }
 

@@ -7,11 +7,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // replayLog is a small outcome log: two questions, two models (one with
 // reply text, tokens and cost; one with judgments only), in a temp file.
-const replayLog = `{"dataset":"nq","question_id":"nq/1","question":"who wrote hamlet","golden_answers":["William Shakespeare","Shakespeare"],"model":"big","reply":"Hamlet was written by William Shakespeare.","correct":true,"input_tokens":20,"output_tokens":9,"cost":0.5}
+const replayLog = `{"dataset":"nq","question_id":"nq/1","question":"who wrote hamlet","golden_answers":["William Shakespeare","Shakespeare"],"model":"big","reply":"Hamlet was written by William Shakespeare.","correct":true,"input_tokens":20,"output_tokens":9,"cost":0.5,"latency_ms":250}
 {"dataset":"nq","question_id":"nq/1","question":"who wrote hamlet","golden_answers":["William Shakespeare","Shakespeare"],"model":"small","correct":true}
 {"dataset":"nq","question_id":"nq/2","question":"largest planet","golden_answers":["Jupiter"],"model":"big","reply":"Saturn is the largest.","correct":false}
 {"dataset":"nq","question_id":"nq/2","question":"largest planet","golden_answers":["Jupiter"],"model":"small","correct":false}
@@ -90,6 +91,12 @@ func TestReplayIsDeterministic(t *testing.T) {
 	cfg := testConfig(replayModel("big", log, ReplayConfig{}))
 	a, b := newTestPool(t, cfg), newTestPool(t, cfg)
 	first := a.Call(context.Background(), Request{Model: "big", Query: "who wrote hamlet", Question: q("nq/1", "nq")})
+	if first.Latency != 250*time.Millisecond {
+		t.Errorf("latency %v, want the logged 250ms", first.Latency)
+	}
+	if r := a.Call(context.Background(), Request{Model: "big", Query: "x", Question: q("nq/2", "nq")}); r.Latency != 0 {
+		t.Errorf("latency %v of a row without one, want 0 (wall time would make runs differ)", r.Latency)
+	}
 	for _, p := range []*Pool{a, b} {
 		for _, query := range []string{"who wrote hamlet", "hamlet author?", "x"} {
 			r := p.Call(context.Background(), Request{Model: "big", Query: query, Question: q("nq/1", "nq")})

@@ -50,6 +50,9 @@ type Row struct {
 	OutputTokens *int `json:"output_tokens,omitempty"`
 	// Cost is what the call cost, in USD; nil when not logged.
 	Cost *float64 `json:"cost,omitempty"`
+	// LatencyMS is the call's wall time in milliseconds; nil when not
+	// logged.
+	LatencyMS *float64 `json:"latency_ms,omitempty"`
 }
 
 // Log is an outcome log read whole: its rows in file order and an index by
@@ -210,6 +213,7 @@ type rawRow struct {
 	InputTokens  *int      `json:"input_tokens"`
 	OutputTokens *int      `json:"output_tokens"`
 	Cost         *float64  `json:"cost"`
+	LatencyMS    *float64  `json:"latency_ms"`
 }
 
 // parseRow decodes and checks one line. Its errors are messages for Read.
@@ -242,7 +246,7 @@ func parseRow(line []byte) (Row, error) {
 		}
 	}
 	row := Row{Dataset: *raw.Dataset, QuestionID: *raw.QuestionID, Question: *raw.Question, Model: *raw.Model,
-		Reply: raw.Reply, Correct: raw.Correct, InputTokens: raw.InputTokens, OutputTokens: raw.OutputTokens, Cost: raw.Cost}
+		Reply: raw.Reply, Correct: raw.Correct, InputTokens: raw.InputTokens, OutputTokens: raw.OutputTokens, Cost: raw.Cost, LatencyMS: raw.LatencyMS}
 	if raw.Judge != nil {
 		row.Judge = *raw.Judge
 	}
@@ -273,6 +277,9 @@ func parseRow(line []byte) (Row, error) {
 	}
 	if row.Cost != nil && (*row.Cost < 0 || math.IsInf(*row.Cost, 0) || math.IsNaN(*row.Cost)) {
 		return Row{}, fmt.Errorf(`field "cost": %v, want a finite cost >= 0 (USD)`, *row.Cost)
+	}
+	if row.LatencyMS != nil && !(*row.LatencyMS >= 0 && *row.LatencyMS < 1e12) {
+		return Row{}, fmt.Errorf(`field "latency_ms": %v, want >= 0 (milliseconds)`, *row.LatencyMS)
 	}
 	return row, nil
 }
