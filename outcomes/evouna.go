@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -172,10 +173,8 @@ func ConvertEVOUNA(src, out string, o EVOUNAOptions) (EVOUNAReport, error) {
 	if err := WriteFile(filepath.Join(out, LogFile), rows); err != nil {
 		return rep, err
 	}
-	keys := mapsKeys(questions)
-	slices.Sort(keys)
-	for _, k := range keys {
-		if err := WriteQuestions(filepath.Join(out, k+".jsonl"), questions[k]); err != nil {
+	for _, k := range slices.Sorted(maps.Keys(questions)) {
+		if err := writeQuestions(filepath.Join(out, k+".jsonl"), questions[k]); err != nil {
 			return rep, err
 		}
 	}
@@ -207,14 +206,6 @@ func judgeOf(j *bool) string {
 		return ""
 	}
 	return EVOUNAJudge
-}
-
-func mapsKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	return out
 }
 
 // drawTest draws n questions for the test file: those with the n smallest

@@ -17,9 +17,9 @@ type question struct {
 	Dataset  string   `json:"dataset"`
 }
 
-// WriteQuestions writes a question file of package data (JSON Lines with
+// writeQuestions writes a question file of package data (JSON Lines with
 // id, question, golden_answers and dataset) at path, creating its folder.
-func WriteQuestions(path string, qs []question) error {
+func writeQuestions(path string, qs []question) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("outcomes: %w", err)
 	}
