@@ -157,11 +157,11 @@ func Read(r io.Reader, name string) (*Log, error) {
 			}
 			k := key{row.QuestionID, row.Model}
 			if prev, dup := lines[k]; dup {
-				return nil, fmt.Errorf("%w: %s:%d: question %q, model %q: duplicates line %d", ErrFormat, name, n, row.QuestionID, row.Model, prev)
+				return nil, fmt.Errorf("%w: %s:%d: question %q, model %q: duplicates line %d", ErrFormat, name, n, cut(row.QuestionID), cut(row.Model), prev)
 			}
 			if fl, ok := firstLine[row.QuestionID]; ok {
 				if msg := disagree(l.Rows[firstRow[row.QuestionID]], row); msg != "" {
-					return nil, fmt.Errorf("%w: %s:%d: question %q: %s differs from line %d", ErrFormat, name, n, row.QuestionID, msg, fl)
+					return nil, fmt.Errorf("%w: %s:%d: question %q: %s differs from line %d", ErrFormat, name, n, cut(row.QuestionID), msg, fl)
 				}
 			} else {
 				firstLine[row.QuestionID] = n
