@@ -88,7 +88,8 @@
 // ID is data's "<dataset>/<source id>") with the row of (q.ID,
 // replay.model) of the outcome log replay.log. No network, no language
 // model, no cache (replies bypass the response cache); the same call always
-// gets the same bytes. The reply is:
+// gets the same bytes, and Response.Latency is the logged latency, or 0
+// (also for a failed call), never the lookup's wall time. The reply is:
 //
 //   - replay.render = "text" (default): the logged reply text; when the
 //     row has none, the reply rendered from the judgment (below).

@@ -75,7 +75,8 @@ type Response struct {
 	// actually spent is Usage.Cost. 0 when Failed.
 	Cost float64
 	// Latency is the wall time of the call, waits and retries included; a
-	// replayed reply's logged latency (0 when not logged).
+	// replayed reply's logged latency (0 when not logged, and for a failed
+	// replayed call).
 	Latency time.Duration
 	// Cached is true when the reply came from the cache.
 	Cached bool
@@ -241,7 +242,8 @@ func (p *Pool) Call(ctx context.Context, req Request) Response {
 	call := providerCall{Query: sanitizeQuery(req.Query, p.cfg.MaxQueryChars), Question: req.Question}
 
 	key := ""
-	if _, uncached := m.prov.(uncachedProvider); p.cache != nil && !uncached {
+	_, offline := m.prov.(offlineProvider)
+	if p.cache != nil && !offline {
 		k, err := cacheKeyOf(m.info.Provider, m.prov.cacheKey(call))
 		switch {
 		case err != nil && p.cfg.Cache == CacheReadOnly:
@@ -262,7 +264,11 @@ func (p *Pool) Call(ctx context.Context, req Request) Response {
 
 	c, err := m.prov.complete(ctx, call)
 	if err != nil {
-		return p.failureAttempts(ctx, start, name, err, c.Attempts)
+		r := p.failureAttempts(ctx, start, name, err, c.Attempts)
+		if offline {
+			r.Latency = 0
+		}
+		return r
 	}
 	// What is returned is what the cache returns on the next call.
 	c.Text = validText(c.Text)

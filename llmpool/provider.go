@@ -53,10 +53,12 @@ type completion struct {
 	Latency *time.Duration
 }
 
-// uncachedProvider is implemented by providers whose replies bypass the
-// response cache (a replayed reply is already a lookup in a file).
-type uncachedProvider interface {
-	uncached()
+// offlineProvider is implemented by providers that answer from a file
+// (provider "replay"): their replies bypass the response cache (they are
+// already a lookup on disk) and their failures report latency 0, not the
+// call's wall time, so that replayed runs are identical byte for byte.
+type offlineProvider interface {
+	offline()
 }
 
 // providerEnv is what a provider constructor gets besides its model config.

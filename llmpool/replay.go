@@ -125,9 +125,8 @@ func newReplay(m ModelConfig, env providerEnv) (provider, error) {
 
 func (r *replay) close() {}
 
-// uncached marks a provider whose replies are not put in the response cache:
-// a replayed reply is a lookup in a file already on disk.
-func (r *replay) uncached() {}
+// offline marks a provider answering from a file (see offlineProvider).
+func (r *replay) offline() {}
 
 func (r *replay) cacheKey(call providerCall) any { return nil }
 

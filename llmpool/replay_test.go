@@ -126,6 +126,9 @@ func TestReplayFailures(t *testing.T) {
 			if !r.Failed || !errors.Is(r.Err, c.want) || !strings.Contains(r.Err.Error(), c.msg) {
 				t.Fatalf("response %+v, want a failure wrapping %v naming %q", r, c.want, c.msg)
 			}
+			if r.Latency != 0 {
+				t.Errorf("latency %v, want 0: wall time would make two replayed runs differ", r.Latency)
+			}
 		})
 	}
 }
