@@ -102,7 +102,9 @@
 // code points (default 2048). Tokens and cost are the row's when logged;
 // otherwise the input tokens are estimated from the question's text (4
 // characters per token, plus the chat overhead), the output tokens from the
-// reply, and the cost is those tokens times the model's prices.
+// logged reply text (what the model wrote, even when the reply is rendered),
+// else from the rendered reply, and the cost is those tokens times the
+// model's prices.
 //
 // What replay cannot do: the sub-query's wording does not change the
 // answer, since the log holds one answer per (question, model); a question

@@ -152,9 +152,13 @@ func (r *replay) complete(ctx context.Context, call providerCall) (completion, e
 	} else {
 		c.InputTokens, c.Estimated = estimateTokens(row.Question)+chatOverheadTokens, true
 	}
-	if row.OutputTokens != nil {
+	switch {
+	case row.OutputTokens != nil:
 		c.OutputTokens = *row.OutputTokens
-	} else {
+	case row.Reply != nil:
+		// What the model wrote, not the rendered reply, is what it cost.
+		c.OutputTokens, c.Estimated = estimateTokens(strings.TrimSpace(*row.Reply)), true
+	default:
 		c.OutputTokens, c.Estimated = estimateTokens(text), true
 	}
 	if row.Cost != nil {

@@ -16,6 +16,7 @@ const replayLog = `{"dataset":"nq","question_id":"nq/1","question":"who wrote ha
 {"dataset":"nq","question_id":"nq/1","question":"who wrote hamlet","golden_answers":["William Shakespeare","Shakespeare"],"model":"small","correct":true}
 {"dataset":"nq","question_id":"nq/2","question":"largest planet","golden_answers":["Jupiter"],"model":"big","reply":"Saturn is the largest.","correct":false}
 {"dataset":"nq","question_id":"nq/2","question":"largest planet","golden_answers":["Jupiter"],"model":"small","correct":false}
+{"dataset":"nq","question_id":"nq/3","question":"capital of france","golden_answers":["Paris"],"model":"big","reply":"It is Paris, the capital and largest city of France.","correct":true}
 `
 
 func writeLog(t *testing.T, text string) string {
@@ -58,6 +59,7 @@ func TestReplayAnswersFromTheLog(t *testing.T) {
 		{"small", "nq/2", ReplayNonAnswer, 0, 0, 0, true},
 		{"big-judged", "nq/1", "The answer is William Shakespeare.", 20, 9, 0.5, false},
 		{"big-judged", "nq/2", "Saturn is the largest.", 0, 0, 0, true}, // judged wrong: the model's own answer
+		{"big-judged", "nq/3", "The answer is Paris.", 0, 0, 0, true},   // output tokens: of what the model wrote
 		{"big-short", "nq/1", "Hamlet", 20, 9, 0.5, false},
 	}
 	for _, c := range cases {
@@ -73,8 +75,12 @@ func TestReplayAnswersFromTheLog(t *testing.T) {
 				t.Errorf("tokens %d/%d cost %v estimated %v, want the log's %d/%d and %v", r.InputTokens, r.OutputTokens, r.Cost, r.TokensEstimated, c.in, c.out, c.cost)
 			}
 			if c.estimated {
-				if !r.TokensEstimated || r.OutputTokens != estimateTokens(c.text) {
-					t.Errorf("tokens %d/%d estimated %v, want estimated output tokens %d", r.InputTokens, r.OutputTokens, r.TokensEstimated, estimateTokens(c.text))
+				wrote := c.text
+				if row, _ := p.models[0].prov.(*replay).log.Lookup(c.id, "big"); c.model != "small" && row.Reply != nil {
+					wrote = *row.Reply // the model's own words, rendered or not
+				}
+				if !r.TokensEstimated || r.OutputTokens != estimateTokens(wrote) {
+					t.Errorf("tokens %d/%d estimated %v, want estimated output tokens %d (of %q)", r.InputTokens, r.OutputTokens, r.TokensEstimated, estimateTokens(wrote), wrote)
 				}
 				if want := cost(ModelInfo{PriceIn: 1, PriceOut: 2}, r.InputTokens, r.OutputTokens); r.Cost != want {
 					t.Errorf("cost %v, want the model's prices times the tokens, %v", r.Cost, want)
@@ -116,7 +122,7 @@ func TestReplayFailures(t *testing.T) {
 		want error
 		msg  string
 	}{
-		{"question not in the log", Request{Model: "big", Query: "q", Question: q("nq/3", "nq")}, ErrReplayMissing, `question "nq/3", model "big"`},
+		{"question not in the log", Request{Model: "big", Query: "q", Question: q("nq/9", "nq")}, ErrReplayMissing, `question "nq/9", model "big"`},
 		{"no question", Request{Model: "big", Query: "q"}, ErrReplayNoQuestion, "big"},
 		{"empty query", Request{Model: "big", Query: "  ", Question: q("nq/1", "nq")}, ErrEmptyQuery, ""},
 	}
