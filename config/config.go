@@ -322,7 +322,10 @@ func Default() Config {
 // values; bare words are strings) and validates. Relative paths in the file
 // (and the defaults of path keys it leaves out) are resolved against the
 // file's folder; a relative path given by a set is taken relative to the
-// working directory, as any command-line path is.
+// working directory, as any command-line path is; a replayed pool model's
+// replay.log is resolved against the file's folder too. With a replayed
+// model, Load also reads [data] and the log, and fails naming the first
+// question of [data] the log has no row for.
 func Load(path string, sets []string) (Config, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -338,7 +341,39 @@ func Load(path string, sets []string) (Config, error) {
 		fromSet[strings.TrimSpace(key)] = true
 	}
 	cfg.resolve(filepath.Dir(path), fromSet)
+	if err := cfg.checkReplay(); err != nil {
+		return Config{}, fmt.Errorf("config: %s: %w", path, err)
+	}
 	return cfg, nil
+}
+
+// checkReplay makes sure, when a pool model is replayed from an outcome log
+// (provider "replay"), that its log has a row for every question of [data]
+// (training, validation and test), so that a missing one is an error now,
+// not a failed call deep into a run.
+func (c *Config) checkReplay() error {
+	replayed := false
+	for _, m := range c.Pool.Models {
+		replayed = replayed || m.Provider == "replay"
+	}
+	if !replayed {
+		return nil
+	}
+	train, val, err := c.Data.LoadTrain()
+	if err != nil {
+		return err
+	}
+	test, err := c.Data.LoadTest()
+	if err != nil {
+		return err
+	}
+	var qs []llmpool.Question
+	for _, set := range [][]data.Example{train, val, test} {
+		for _, ex := range set {
+			qs = append(qs, llmpool.Question{ID: ex.ID, Dataset: ex.Dataset, Text: ex.Question, Golden: ex.Golden})
+		}
+	}
+	return llmpool.CheckReplay(c.Pool, qs)
 }
 
 // Parse decodes TOML text (name is used in errors) with overrides.
@@ -542,6 +577,11 @@ func (c *Config) resolve(dir string, skip map[string]bool) {
 	for _, f := range c.pathFields() {
 		if *f.p != "" && !filepath.IsAbs(*f.p) && !skip[f.key] {
 			*f.p = filepath.Join(dir, *f.p)
+		}
+	}
+	for i := range c.Pool.Models {
+		if r := c.Pool.Models[i].Replay; r != nil && r.Log != "" && !filepath.IsAbs(r.Log) {
+			r.Log = filepath.Join(dir, r.Log)
 		}
 	}
 }

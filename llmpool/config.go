@@ -75,12 +75,15 @@ type ModelConfig struct {
 	PriceIn float64 `toml:"price_in"`
 	// PriceOut is the price of output (completion) tokens, USD per million tokens.
 	PriceOut float64 `toml:"price_out"`
-	// Provider is the registered provider that serves the model: "openai" or "sim".
+	// Provider is the registered provider that serves the model: "openai",
+	// "replay" or "sim".
 	Provider string `toml:"provider"`
 	// OpenAI holds the settings of provider "openai" ([pool.models.openai]).
 	OpenAI *OpenAIConfig `toml:"openai"`
 	// Sim holds the settings of provider "sim" ([pool.models.sim]).
 	Sim *SimConfig `toml:"sim"`
+	// Replay holds the settings of provider "replay" ([pool.models.replay]).
+	Replay *ReplayConfig `toml:"replay"`
 }
 
 // OpenAIConfig is the [pool.models.openai] table: an OpenAI-compatible
@@ -214,9 +217,16 @@ func (c *Config) SetDefaults() {
 			if m.Sim == nil {
 				m.Sim = &SimConfig{}
 			}
+		case "replay":
+			if m.Replay == nil {
+				m.Replay = &ReplayConfig{}
+			}
 		}
 		if m.OpenAI != nil {
 			m.OpenAI.SetDefaults()
+		}
+		if m.Replay != nil {
+			m.Replay.SetDefaults(m.Name)
 		}
 	}
 }
@@ -328,6 +338,9 @@ func (m *ModelConfig) validate() error {
 	if m.Sim != nil && m.Provider != "sim" {
 		return fmt.Errorf("a sim section is given but provider is %q", m.Provider)
 	}
+	if m.Replay != nil && m.Provider != "replay" {
+		return fmt.Errorf("a replay section is given but provider is %q", m.Provider)
+	}
 	switch m.Provider {
 	case "openai":
 		if m.OpenAI == nil {
@@ -339,6 +352,11 @@ func (m *ModelConfig) validate() error {
 			return nil
 		}
 		return m.Sim.validate()
+	case "replay":
+		if m.Replay == nil {
+			return fmt.Errorf("replay.log is required (an outcome log, docs/outcomes.md)")
+		}
+		return m.Replay.validate()
 	}
 	return nil
 }
@@ -463,6 +481,10 @@ func (c Config) clone() Config {
 				s.Accuracy = acc
 			}
 			m.Sim = &s
+		}
+		if m.Replay != nil {
+			r := *m.Replay
+			m.Replay = &r
 		}
 	}
 	return c

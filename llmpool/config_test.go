@@ -128,7 +128,7 @@ func TestValidateNamesTheEntryAndKey(t *testing.T) {
 			want: `pool.models[2] ("llama-70b"): openai.extra.max_tokens: set by llmpool; use openai.max_tokens`},
 		{name: "messages in extra", modify: func(c *Config) { c.Models[2].OpenAI.Extra = map[string]any{"messages": 1} }, want: `openai.extra.messages`},
 		{name: "unknown provider", modify: func(c *Config) { c.Models[1].Provider = "anthropic" },
-			want: `llmpool: pool.models[1] ("mistral"): provider "anthropic" is unknown (known: openai, sim)`},
+			want: `llmpool: pool.models[1] ("mistral"): provider "anthropic" is unknown (known: openai, replay, sim)`},
 		{name: "section of another provider", modify: func(c *Config) { c.Models[0].OpenAI = &OpenAIConfig{} },
 			want: `pool.models[0] ("qwen"): an openai section is given but provider is "sim"`},
 		{name: "empty name", modify: func(c *Config) { c.Models[1].Name = "" }, want: `pool.models[1] (""): name is required`},

@@ -13,6 +13,8 @@
 //     is a permanent failure whose error names the Location.
 //   - "sim": a SIMULATED model for offline runs and tests. Its replies say
 //     that they come from a simulator, and ModelInfo.Simulated is true.
+//   - "replay": a REAL model's logged answers, read from an outcome log
+//     (package outcomes, docs/outcomes.md); see "Replayed models".
 //
 // A response cache on disk sits in front of every provider (see cache.go).
 // Its key includes the provider's endpoint (never the API key); read-only
@@ -79,6 +81,37 @@
 // Token counts are sim.tokens_in and sim.tokens_out, or when 0 estimated at
 // 4 characters per token from the query (plus the chat overhead) and the
 // reply. The call waits sim.latency first, returning early if ctx is done.
+//
+// # Replayed models
+//
+// Provider "replay" answers a call about question q (Request.Question; its
+// ID is data's "<dataset>/<source id>") with the row of (q.ID,
+// replay.model) of the outcome log replay.log. No network, no language
+// model, no cache (replies bypass the response cache); the same call always
+// gets the same bytes, and Response.Latency is the logged latency, or 0
+// (also for a failed call), never the lookup's wall time. The reply is:
+//
+//   - replay.render = "text" (default): the logged reply text; when the
+//     row has none, the reply rendered from the judgment (below).
+//   - replay.render = "judgment": the reply rendered from the judgment.
+//
+// Rendered: judged right, "The answer is G." with G the first non-empty
+// golden answer; judged wrong, the logged reply text, or "I don't know."
+// (ReplayNonAnswer) when there is none. A row with a reply and no judgment
+// gives its reply. The reply is trimmed and cut to replay.max_reply_chars
+// code points (default 2048). Tokens and cost are the row's when logged;
+// otherwise the input tokens are estimated from the question's text (4
+// characters per token, plus the chat overhead), the output tokens from the
+// logged reply text (what the model wrote, even when the reply is rendered),
+// else from the rendered reply, and the cost is those tokens times the
+// model's prices.
+//
+// What replay cannot do: the sub-query's wording does not change the
+// answer, since the log holds one answer per (question, model); a question
+// not in the log cannot be answered (the call fails naming it, and
+// CheckReplay, which config.Load runs over [data], reports it before any
+// work); an empty sub-query fails as it would for a real model. New fails
+// when the log does not read or holds no row of replay.model.
 //
 // # Secrets
 //

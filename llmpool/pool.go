@@ -69,11 +69,14 @@ type Response struct {
 	// TokensEstimated is true when the token counts are estimated.
 	TokensEstimated bool
 	// Cost is the list-price cost of the reply in USD (tokens times the
-	// model's prices per million tokens), the same whether it came from the
+	// model's prices per million tokens; a replayed reply's logged cost when
+	// the log has one), the same whether it came from the
 	// cache or the provider, so rewards do not depend on the cache. The money
 	// actually spent is Usage.Cost. 0 when Failed.
 	Cost float64
-	// Latency is the wall time of the call, waits and retries included.
+	// Latency is the wall time of the call, waits and retries included; a
+	// replayed reply's logged latency (0 when not logged, and for a failed
+	// replayed call).
 	Latency time.Duration
 	// Cached is true when the reply came from the cache.
 	Cached bool
@@ -163,7 +166,7 @@ func New(cfg Config, opts ...Option) (*Pool, error) {
 		byName: map[string]*poolModel{},
 	}
 	env := providerEnv{log: o.log, getenv: o.lookupEnv, answerBank: o.answerBank,
-		wire: semaphore.NewWeighted(int64(cfg.MaxConcurrency))}
+		wire: semaphore.NewWeighted(int64(cfg.MaxConcurrency)), logs: logBook{}}
 	names := make([]string, 0, len(cfg.Models))
 	for i, m := range cfg.Models {
 		prov, err := providers[m.Provider](m, env)
@@ -239,7 +242,8 @@ func (p *Pool) Call(ctx context.Context, req Request) Response {
 	call := providerCall{Query: sanitizeQuery(req.Query, p.cfg.MaxQueryChars), Question: req.Question}
 
 	key := ""
-	if p.cache != nil {
+	_, offline := m.prov.(offlineProvider)
+	if p.cache != nil && !offline {
 		k, err := cacheKeyOf(m.info.Provider, m.prov.cacheKey(call))
 		switch {
 		case err != nil && p.cfg.Cache == CacheReadOnly:
@@ -260,7 +264,11 @@ func (p *Pool) Call(ctx context.Context, req Request) Response {
 
 	c, err := m.prov.complete(ctx, call)
 	if err != nil {
-		return p.failureAttempts(ctx, start, name, err, c.Attempts)
+		r := p.failureAttempts(ctx, start, name, err, c.Attempts)
+		if offline {
+			r.Latency = 0
+		}
+		return r
 	}
 	// What is returned is what the cache returns on the next call.
 	c.Text = validText(c.Text)
@@ -341,6 +349,12 @@ func (p *Pool) success(ctx context.Context, start time.Time, m *poolModel, c com
 		Model: m.info.Name, Text: c.Text, InputTokens: c.InputTokens, OutputTokens: c.OutputTokens,
 		TokensEstimated: c.Estimated, Cost: cost(m.info, c.InputTokens, c.OutputTokens),
 		Latency: time.Since(start), Cached: cached,
+	}
+	if c.Cost != nil {
+		r.Cost = *c.Cost
+	}
+	if c.Latency != nil {
+		r.Latency = *c.Latency
 	}
 	u := Usage{Calls: 1, ListCost: r.Cost, Latency: r.Latency}
 	if cached {

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"time"
 
 	"golang.org/x/sync/semaphore"
 )
@@ -43,6 +44,21 @@ type completion struct {
 	Estimated bool
 	// Attempts is the number of requests sent (1 without retries).
 	Attempts int
+	// Cost, when set, is the reply's cost in USD as logged (provider
+	// "replay"), used instead of tokens times the model's prices.
+	Cost *float64
+	// Latency, when set, is the reply's latency as logged (provider
+	// "replay"), reported instead of the call's wall time so that replayed
+	// runs are identical byte for byte.
+	Latency *time.Duration
+}
+
+// offlineProvider is implemented by providers that answer from a file
+// (provider "replay"): their replies bypass the response cache (they are
+// already a lookup on disk) and their failures report latency 0, not the
+// call's wall time, so that replayed runs are identical byte for byte.
+type offlineProvider interface {
+	offline()
 }
 
 // providerEnv is what a provider constructor gets besides its model config.
@@ -55,6 +71,8 @@ type providerEnv struct {
 	// simulated latency), never while it waits for its own slot, rate
 	// limit or retry backoff.
 	wire *semaphore.Weighted
+	// logs reads each outcome log once per New (provider "replay").
+	logs logBook
 }
 
 // providerFactory builds the provider of one model from its validated,
@@ -65,6 +83,7 @@ type providerFactory func(m ModelConfig, env providerEnv) (provider, error)
 // pool.models[].provider. Adding a provider means adding it here.
 var providers = map[string]providerFactory{
 	"openai": newOpenAI,
+	"replay": newReplay,
 	"sim":    newSim,
 }
 

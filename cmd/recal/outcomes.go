@@ -1,0 +1,68 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+
+	"github.com/urfave/cli/v3"
+
+	"github.com/recal-project/recal/baselines"
+	"github.com/recal-project/recal/outcomes"
+)
+
+func outcomesCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "outcomes",
+		Usage: "make outcome logs: logged answers of real models that provider \"replay\" answers pool calls from",
+		Commands: []*cli.Command{{
+			Name:  "convert-evouna",
+			Usage: "convert EVOUNA (human-judged answers of five QA systems on NQ and TriviaQA) into an outcome log and question files",
+			Description: "Reads NQ.json, TQ.json, LICENSE and README.md from --src and writes into --out: outcomes.jsonl\n" +
+				"(one row per record and system with a reply or a judgment), the question files of the complete\n" +
+				"questions (<in-domain>/train.jsonl and /test.jsonl, the other dataset's test.jsonl), LICENSE and\n" +
+				"README.md with the counts. Prints the counts as JSON. See docs/outcomes.md.",
+			Flags: []cli.Flag{
+				&cli.StringFlag{Name: "src", Usage: "folder holding EVOUNA's NQ.json, TQ.json, LICENSE and README.md"},
+				&cli.StringFlag{Name: "out", Usage: "output folder (created; its files are replaced)"},
+				&cli.StringFlag{Name: "in-domain", Value: "nq", Usage: "dataset split into training and test questions (nq or triviaqa); the other is test only"},
+				&cli.IntFlag{Name: "test", Value: 1000, Usage: "in-domain questions drawn for the test file; the rest are the training file"},
+				&cli.Int64Flag{Name: "seed", Value: 0, Usage: "seed of the test draw"},
+			},
+			Action: func(ctx context.Context, cmd *cli.Command) error {
+				if err := requireFlags(cmd, "src", "out"); err != nil {
+					return err
+				}
+				rep, err := outcomes.ConvertEVOUNA(cmd.String("src"), cmd.String("out"),
+					outcomes.EVOUNAOptions{InDomain: cmd.String("in-domain"), Test: int(cmd.Int("test")), Seed: cmd.Int64("seed")})
+				if err != nil {
+					return err
+				}
+				enc := json.NewEncoder(os.Stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(rep)
+			},
+		}, {
+			Name:  "from-collect",
+			Usage: "write the outcome matrix of a `recal collect` folder as an outcome log, to replay it",
+			Description: "Writes one row per (question, model) with a reply in --dir/outcomes.jsonl to --out: the reply,\n" +
+				"its tokens and cost, and correct = exact match of its extracted answer. Failed calls are left out.",
+			Flags: []cli.Flag{
+				&cli.StringFlag{Name: "dir", Usage: "folder made by recal collect --out"},
+				&cli.StringFlag{Name: "out", Usage: "outcome log to write (replaced)"},
+			},
+			Action: func(ctx context.Context, cmd *cli.Command) error {
+				if err := requireFlags(cmd, "dir", "out"); err != nil {
+					return err
+				}
+				st, err := baselines.ExportLog(cmd.String("dir"), cmd.String("out"))
+				if err != nil {
+					return err
+				}
+				fmt.Printf("%s: %d rows (%d failed calls left out)\n", cmd.String("out"), st.Rows, st.Failed)
+				return nil
+			},
+		}},
+	}
+}

@@ -1,0 +1,230 @@
+package llmpool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/recal-project/recal/outcomes"
+)
+
+// Render modes of replay.render.
+const (
+	// RenderText replies with the logged reply text, or with the reply
+	// rendered from the judgment when the log has no text.
+	RenderText = "text"
+	// RenderJudgment always replies with the reply rendered from the
+	// judgment (see the package doc, "Replayed models").
+	RenderJudgment = "judgment"
+)
+
+// Defaults of [pool.models.replay].
+const (
+	// DefaultReplayMaxReplyChars bounds a replayed reply, in code points:
+	// about openai.max_tokens' 512 tokens at 4 characters per token.
+	DefaultReplayMaxReplyChars = 2048
+	// ReplayNonAnswer is the reply rendered for a row judged wrong without
+	// reply text.
+	ReplayNonAnswer = "I don't know."
+)
+
+var (
+	// ErrReplayNoQuestion: a replayed model was called without the question
+	// being routed, so there is no logged answer to give.
+	ErrReplayNoQuestion = errors.New("llmpool: replay needs the question being routed")
+	// ErrReplayMissing: the outcome log has no row for the (question, model)
+	// of a call.
+	ErrReplayMissing = errors.New("llmpool: replay: no logged outcome")
+)
+
+// ReplayConfig is the [pool.models.replay] table of a model answered from an
+// outcome log (package outcomes). The rule it answers by is in the package
+// doc ("Replayed models").
+type ReplayConfig struct {
+	// Log is the outcome log (JSON Lines, docs/outcomes.md). A relative path
+	// in a config file is resolved against the file's folder. Required.
+	Log string `toml:"log"`
+	// Model is the model's name in the log. Default: the pool name.
+	Model string `toml:"model"`
+	// Render is "text" (the logged reply; rendered from the judgment when
+	// the row has no reply) or "judgment" (always rendered from the
+	// judgment: the golden answer when judged right). Default "text".
+	Render string `toml:"render"`
+	// MaxReplyChars cuts a reply to this many code points. Default 2048.
+	MaxReplyChars int `toml:"max_reply_chars"`
+}
+
+// SetDefaults fills the zero fields of r with their defaults; model is the
+// pool name.
+func (r *ReplayConfig) SetDefaults(model string) {
+	if r.Model == "" {
+		r.Model = model
+	}
+	if r.Render == "" {
+		r.Render = RenderText
+	}
+	if r.MaxReplyChars == 0 {
+		r.MaxReplyChars = DefaultReplayMaxReplyChars
+	}
+}
+
+func (r *ReplayConfig) validate() error {
+	switch {
+	case strings.TrimSpace(r.Log) == "":
+		return fmt.Errorf("replay.log is required (an outcome log, docs/outcomes.md)")
+	case strings.TrimSpace(r.Model) != r.Model || r.Model == "":
+		return fmt.Errorf("replay.model: %q: want a name without surrounding spaces", r.Model)
+	case r.Render != RenderText && r.Render != RenderJudgment:
+		return fmt.Errorf("replay.render: %q is not one of %s, %s", r.Render, RenderText, RenderJudgment)
+	case r.MaxReplyChars < 1:
+		return fmt.Errorf("replay.max_reply_chars: %d, want >= 1", r.MaxReplyChars)
+	}
+	return nil
+}
+
+// replay answers a call about question q with what the log's model said to
+// q. No network; the same call always gets the same reply.
+type replay struct {
+	name string
+	cfg  ReplayConfig
+	log  *outcomes.Log
+}
+
+// logBook reads each outcome log once per New, however many models use it.
+type logBook map[string]*outcomes.Log
+
+func (b logBook) open(path string) (*outcomes.Log, error) {
+	if l, ok := b[path]; ok {
+		return l, nil
+	}
+	l, err := outcomes.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	b[path] = l
+	return l, nil
+}
+
+func newReplay(m ModelConfig, env providerEnv) (provider, error) {
+	l, err := env.logs.open(m.Replay.Log)
+	if err != nil {
+		return nil, fmt.Errorf("replay.log: %w", err)
+	}
+	models := l.Models()
+	found := false
+	for _, name := range models {
+		found = found || name == m.Replay.Model
+	}
+	if !found {
+		return nil, fmt.Errorf("replay.model: %s has no rows of model %q (models in the log: %s)", m.Replay.Log, m.Replay.Model, strings.Join(models, ", "))
+	}
+	return &replay{name: m.Name, cfg: *m.Replay, log: l}, nil
+}
+
+func (r *replay) close() {}
+
+// offline marks a provider answering from a file (see offlineProvider).
+func (r *replay) offline() {}
+
+func (r *replay) cacheKey(call providerCall) any { return nil }
+
+func (r *replay) complete(ctx context.Context, call providerCall) (completion, error) {
+	if err := ctx.Err(); err != nil {
+		return completion{}, err
+	}
+	if call.Query == "" {
+		return completion{Attempts: 1}, ErrEmptyQuery
+	}
+	q := call.Question
+	if q == nil || q.ID == "" {
+		return completion{Attempts: 1}, fmt.Errorf("%w (model %q)", ErrReplayNoQuestion, r.name)
+	}
+	row, ok := r.log.Lookup(q.ID, r.cfg.Model)
+	if !ok {
+		return completion{Attempts: 1}, fmt.Errorf("%w in %s for question %q, model %q", ErrReplayMissing, r.cfg.Log, q.ID, r.cfg.Model)
+	}
+	text := strings.TrimSpace(cutRunes(strings.TrimSpace(ReplayText(row, r.cfg.Render)), r.cfg.MaxReplyChars))
+	c := completion{Text: text, Attempts: 1}
+	if row.InputTokens != nil {
+		c.InputTokens = *row.InputTokens
+	} else {
+		c.InputTokens, c.Estimated = estimateTokens(row.Question)+chatOverheadTokens, true
+	}
+	switch {
+	case row.OutputTokens != nil:
+		c.OutputTokens = *row.OutputTokens
+	case row.Reply != nil:
+		// What the model wrote, not the rendered reply, is what it cost.
+		c.OutputTokens, c.Estimated = estimateTokens(strings.TrimSpace(*row.Reply)), true
+	default:
+		c.OutputTokens, c.Estimated = estimateTokens(text), true
+	}
+	if row.Cost != nil {
+		cost := *row.Cost
+		c.Cost = &cost
+	}
+	var lat time.Duration // the lookup's own time is noise: 0 unless logged
+	if row.LatencyMS != nil {
+		lat = time.Duration(*row.LatencyMS * float64(time.Millisecond))
+	}
+	c.Latency = &lat
+	return c, nil
+}
+
+// ReplayText is the reply a row gives under a render mode (RenderText or
+// RenderJudgment), before it is cut to replay.max_reply_chars: the logged
+// reply in text mode when there is one; otherwise, judged right: "The
+// answer is G." with G the first non-empty golden answer; judged wrong: the
+// logged reply, or ReplayNonAnswer without one. A row with a reply but no
+// judgment gives its reply in either mode.
+func ReplayText(row outcomes.Row, render string) string {
+	if row.Reply != nil && (render == RenderText || row.Correct == nil || !*row.Correct) {
+		return *row.Reply
+	}
+	if row.Correct != nil && *row.Correct {
+		return "The answer is " + firstGolden(&Question{Golden: row.Golden}) + "."
+	}
+	return ReplayNonAnswer
+}
+
+// CheckReplay reports, before any call, the questions that a replayed model
+// of cfg could not answer: the first (question, model) missing from its log,
+// with the count of misses, or a question whose dataset differs from the
+// log's. Models of other providers are not looked at. cfg's paths are used
+// as they are (resolve them first).
+func CheckReplay(cfg Config, qs []Question) error {
+	logs := logBook{}
+	for i, m := range cfg.Models {
+		if m.Provider != "replay" || m.Replay == nil {
+			continue
+		}
+		rc := *m.Replay
+		rc.SetDefaults(m.Name)
+		l, err := logs.open(rc.Log)
+		if err != nil {
+			return fmt.Errorf("llmpool: pool.models[%d] (%q): replay.log: %w", i, m.Name, err)
+		}
+		missing, first := 0, ""
+		for _, q := range qs {
+			row, ok := l.Lookup(q.ID, rc.Model)
+			if !ok {
+				if missing == 0 {
+					first = q.ID
+				}
+				missing++
+				continue
+			}
+			if !strings.EqualFold(row.Dataset, q.Dataset) {
+				return fmt.Errorf("llmpool: pool.models[%d] (%q): replay.log %s: question %q is of dataset %q in the log, %q in the data",
+					i, m.Name, rc.Log, q.ID, row.Dataset, q.Dataset)
+			}
+		}
+		if missing > 0 {
+			return fmt.Errorf("llmpool: pool.models[%d] (%q): replay.log %s has no row of model %q for question %q (%d of the %d questions of [data] are missing)",
+				i, m.Name, rc.Log, rc.Model, first, missing, len(qs))
+		}
+	}
+	return nil
+}

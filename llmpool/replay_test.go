@@ -1,0 +1,201 @@
+package llmpool
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// replayLog is a small outcome log: two questions, two models (one with
+// reply text, tokens and cost; one with judgments only), in a temp file.
+const replayLog = `{"dataset":"nq","question_id":"nq/1","question":"who wrote hamlet","golden_answers":["William Shakespeare","Shakespeare"],"model":"big","reply":"Hamlet was written by William Shakespeare.","correct":true,"input_tokens":20,"output_tokens":9,"cost":0.5,"latency_ms":250}
+{"dataset":"nq","question_id":"nq/1","question":"who wrote hamlet","golden_answers":["William Shakespeare","Shakespeare"],"model":"small","correct":true}
+{"dataset":"nq","question_id":"nq/2","question":"largest planet","golden_answers":["Jupiter"],"model":"big","reply":"Saturn is the largest.","correct":false}
+{"dataset":"nq","question_id":"nq/2","question":"largest planet","golden_answers":["Jupiter"],"model":"small","correct":false}
+{"dataset":"nq","question_id":"nq/3","question":"capital of france","golden_answers":["Paris"],"model":"big","reply":"It is Paris, the capital and largest city of France.","correct":true}
+`
+
+func writeLog(t *testing.T, text string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "log.jsonl")
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func replayModel(name, log string, r ReplayConfig) ModelConfig {
+	r.Log = log
+	return ModelConfig{Name: name, Description: "replayed " + name, PriceIn: 1, PriceOut: 2, Provider: "replay", Replay: &r}
+}
+
+func q(id, dataset string) *Question { return &Question{ID: id, Dataset: dataset} }
+
+// A call is answered with what the log's model said to the call's question:
+// its reply text, or the reply rendered from the judgment; tokens and cost
+// from the log, else estimated and priced.
+func TestReplayAnswersFromTheLog(t *testing.T) {
+	log := writeLog(t, replayLog)
+	p := newTestPool(t, testConfig(
+		replayModel("Big", log, ReplayConfig{Model: "big"}),
+		replayModel("small", log, ReplayConfig{}),
+		replayModel("big-judged", log, ReplayConfig{Model: "big", Render: RenderJudgment}),
+		replayModel("big-short", log, ReplayConfig{Model: "big", MaxReplyChars: 7}),
+	))
+	cases := []struct {
+		model, id string
+		text      string
+		in, out   int
+		cost      float64
+		estimated bool
+	}{
+		{"big", "nq/1", "Hamlet was written by William Shakespeare.", 20, 9, 0.5, false},
+		{"big", "nq/2", "Saturn is the largest.", 0, 0, 0, true},
+		{"small", "nq/1", "The answer is William Shakespeare.", 0, 0, 0, true},
+		{"small", "nq/2", ReplayNonAnswer, 0, 0, 0, true},
+		{"big-judged", "nq/1", "The answer is William Shakespeare.", 20, 9, 0.5, false},
+		{"big-judged", "nq/2", "Saturn is the largest.", 0, 0, 0, true}, // judged wrong: the model's own answer
+		{"big-judged", "nq/3", "The answer is Paris.", 0, 0, 0, true},   // output tokens: of what the model wrote
+		{"big-short", "nq/1", "Hamlet", 20, 9, 0.5, false},
+	}
+	for _, c := range cases {
+		t.Run(c.model+"/"+c.id, func(t *testing.T) {
+			r := p.Call(context.Background(), Request{Model: c.model, Query: "anything at all", Question: q(c.id, "nq")})
+			if r.Failed {
+				t.Fatalf("failed: %v", r.Err)
+			}
+			if r.Text != c.text {
+				t.Errorf("text %q, want %q (the logged outcome of this question and model)", r.Text, c.text)
+			}
+			if !c.estimated && (r.InputTokens != c.in || r.OutputTokens != c.out || r.Cost != c.cost || r.TokensEstimated) {
+				t.Errorf("tokens %d/%d cost %v estimated %v, want the log's %d/%d and %v", r.InputTokens, r.OutputTokens, r.Cost, r.TokensEstimated, c.in, c.out, c.cost)
+			}
+			if c.estimated {
+				wrote := c.text
+				if row, _ := p.models[0].prov.(*replay).log.Lookup(c.id, "big"); c.model != "small" && row.Reply != nil {
+					wrote = *row.Reply // the model's own words, rendered or not
+				}
+				if !r.TokensEstimated || r.OutputTokens != estimateTokens(wrote) {
+					t.Errorf("tokens %d/%d estimated %v, want estimated output tokens %d (of %q)", r.InputTokens, r.OutputTokens, r.TokensEstimated, estimateTokens(wrote), wrote)
+				}
+				if want := cost(ModelInfo{PriceIn: 1, PriceOut: 2}, r.InputTokens, r.OutputTokens); r.Cost != want {
+					t.Errorf("cost %v, want the model's prices times the tokens, %v", r.Cost, want)
+				}
+			}
+		})
+	}
+}
+
+// The sub-query's wording does not change a replayed reply, and two pools
+// give byte-identical replies.
+func TestReplayIsDeterministic(t *testing.T) {
+	log := writeLog(t, replayLog)
+	cfg := testConfig(replayModel("big", log, ReplayConfig{}))
+	a, b := newTestPool(t, cfg), newTestPool(t, cfg)
+	first := a.Call(context.Background(), Request{Model: "big", Query: "who wrote hamlet", Question: q("nq/1", "nq")})
+	if first.Latency != 250*time.Millisecond {
+		t.Errorf("latency %v, want the logged 250ms", first.Latency)
+	}
+	if r := a.Call(context.Background(), Request{Model: "big", Query: "x", Question: q("nq/2", "nq")}); r.Latency != 0 {
+		t.Errorf("latency %v of a row without one, want 0 (wall time would make runs differ)", r.Latency)
+	}
+	for _, p := range []*Pool{a, b} {
+		for _, query := range []string{"who wrote hamlet", "hamlet author?", "x"} {
+			r := p.Call(context.Background(), Request{Model: "big", Query: query, Question: q("nq/1", "nq")})
+			if r.Text != first.Text || r.Cost != first.Cost || r.InputTokens != first.InputTokens {
+				t.Fatalf("reply %+v differs from %+v", r, first)
+			}
+		}
+	}
+}
+
+func TestReplayFailures(t *testing.T) {
+	log := writeLog(t, replayLog)
+	p := newTestPool(t, testConfig(replayModel("big", log, ReplayConfig{})))
+	cases := []struct {
+		name string
+		req  Request
+		want error
+		msg  string
+	}{
+		{"question not in the log", Request{Model: "big", Query: "q", Question: q("nq/9", "nq")}, ErrReplayMissing, `question "nq/9", model "big"`},
+		{"no question", Request{Model: "big", Query: "q"}, ErrReplayNoQuestion, "big"},
+		{"empty query", Request{Model: "big", Query: "  ", Question: q("nq/1", "nq")}, ErrEmptyQuery, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := p.Call(context.Background(), c.req)
+			if !r.Failed || !errors.Is(r.Err, c.want) || !strings.Contains(r.Err.Error(), c.msg) {
+				t.Fatalf("response %+v, want a failure wrapping %v naming %q", r, c.want, c.msg)
+			}
+			if r.Latency != 0 {
+				t.Errorf("latency %v, want 0: wall time would make two replayed runs differ", r.Latency)
+			}
+		})
+	}
+}
+
+// Replies never go through the response cache: even a read-only cache with
+// nothing in it answers from the log.
+func TestReplayBypassesTheCache(t *testing.T) {
+	log := writeLog(t, replayLog)
+	cfg := testConfig(replayModel("big", log, ReplayConfig{}))
+	cfg.Cache, cfg.CacheDir = CacheReadOnly, t.TempDir()
+	p := newTestPool(t, cfg)
+	r := p.Call(context.Background(), Request{Model: "big", Query: "q", Question: q("nq/1", "nq")})
+	if r.Failed || r.Cached {
+		t.Fatalf("response %+v, want the log's reply, not a cache miss", r)
+	}
+	if entries, _ := os.ReadDir(cfg.CacheDir); len(entries) != 0 {
+		t.Errorf("the cache directory got %d entries", len(entries))
+	}
+}
+
+// A model the log lacks, an unreadable log and bad settings fail at New,
+// naming the model and key.
+func TestReplayNewErrors(t *testing.T) {
+	log := writeLog(t, replayLog)
+	bad := writeLog(t, `{"dataset":"nq"}`+"\n")
+	cases := []struct {
+		name string
+		m    ModelConfig
+		want string
+	}{
+		{"model not in the log", replayModel("gpt4", log, ReplayConfig{}), `pool.models[0] ("gpt4"): replay.model: ` + log + ` has no rows of model "gpt4" (models in the log: big, small)`},
+		{"bad log", replayModel("big", bad, ReplayConfig{}), bad + `:1: field "question_id" is required`},
+		{"missing log", replayModel("big", filepath.Join(t.TempDir(), "nope.jsonl"), ReplayConfig{}), "nope.jsonl: no such file"},
+		{"no log", replayModel("big", "", ReplayConfig{}), "replay.log is required"},
+		{"bad render", replayModel("big", log, ReplayConfig{Render: "html"}), `replay.render: "html" is not one of text, judgment`},
+		{"section of another provider", ModelConfig{Name: "big", Description: "d", Provider: "sim", Replay: &ReplayConfig{Log: log}}, "a replay section is given but provider is \"sim\""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := New(testConfig(c.m))
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("New error %v, want one containing %q", err, c.want)
+			}
+		})
+	}
+}
+
+// CheckReplay names the first question of the data its log lacks, before
+// any call.
+func TestCheckReplay(t *testing.T) {
+	log := writeLog(t, replayLog)
+	cfg := testConfig(replayModel("big", log, ReplayConfig{}), simModel("sim", SimConfig{}))
+	if err := CheckReplay(cfg, []Question{*q("nq/1", "nq"), *q("nq/2", "nq")}); err != nil {
+		t.Fatalf("every question is logged: %v", err)
+	}
+	err := CheckReplay(cfg, []Question{*q("nq/1", "nq"), *q("nq/7", "nq"), *q("nq/8", "nq")})
+	if err == nil || !strings.Contains(err.Error(), `has no row of model "big" for question "nq/7" (2 of the 3 questions`) {
+		t.Fatalf("error %v, want one naming nq/7 and counting 2 missing of 3", err)
+	}
+	err = CheckReplay(cfg, []Question{*q("nq/1", "triviaqa")})
+	if err == nil || !strings.Contains(err.Error(), `question "nq/1" is of dataset "nq" in the log, "triviaqa" in the data`) {
+		t.Fatalf("error %v, want a dataset mismatch", err)
+	}
+}
