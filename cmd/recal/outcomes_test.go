@@ -17,7 +17,7 @@ import (
 	"github.com/recal-project/recal/internal/testpolicy"
 	"github.com/recal-project/recal/llmpool"
 	"github.com/recal-project/recal/outcomes"
-	"github.com/recal-project/recal/trainer"
+	"github.com/recal-project/recal/rollout"
 )
 
 // replayWorld is a hand-written world of real outcomes: question files for
@@ -161,18 +161,18 @@ provider = "replay"
 `
 
 // readResults reads a results-<router>.jsonl of recal eval.
-func readResults(t *testing.T, path string) []trainer.QuestionResult {
+func readResults(t *testing.T, path string) []rollout.QuestionResult {
 	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	var out []trainer.QuestionResult
+	var out []rollout.QuestionResult
 	sc := bufio.NewScanner(f)
 	sc.Buffer(nil, 1<<24)
 	for sc.Scan() {
-		var r trainer.QuestionResult
+		var r rollout.QuestionResult
 		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
 			t.Fatalf("%s: %v", path, err)
 		}
@@ -206,7 +206,7 @@ func TestReplayWorldTrainsAndEvaluates(t *testing.T) {
 		}
 	}
 	for _, f := range []string{"rollouts.jsonl", "validation.jsonl"} {
-		if !sameFile(t, filepath.Join(runs[0], f), filepath.Join(runs[1], f)) {
+		if !bytes.Equal(readFile(t, filepath.Join(runs[0], f)), readFile(t, filepath.Join(runs[1], f))) {
 			t.Errorf("%s differs between two runs of the same replay config", f)
 		}
 	}
@@ -386,4 +386,13 @@ provider = "replay"
 			}
 		}
 	}
+}
+
+func readFile(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
