@@ -84,15 +84,15 @@ func setups() []setup {
 
 // report is what one rank prints when it is done.
 type report struct {
-	Rank    int       `json:"rank"`
-	Runtime int64     `json:"runtime"` // VmRSS before the policy, bytes
-	Peaks   []int64   `json:"peaks"`   // VmHWM after each update, bytes
+	Rank    int     `json:"rank"`
+	Runtime int64   `json:"runtime"` // VmRSS before the policy, bytes
+	Peaks   []int64 `json:"peaks"`   // VmHWM after each update, bytes
 	// VmHWM after each update's backward (the update phase) and, for
 	// several ranks, after its all-reduce, bytes.
-	BackwardPeaks  []int64 `json:"backward_peaks"`
-	AllReducePeaks []int64 `json:"allreduce_peaks,omitempty"`
-	Times   []float64 `json:"times"`   // seconds of each update
-	Loss    float64   `json:"loss"`
+	BackwardPeaks  []int64   `json:"backward_peaks"`
+	AllReducePeaks []int64   `json:"allreduce_peaks,omitempty"`
+	Times          []float64 `json:"times"` // seconds of each update
+	Loss           float64   `json:"loss"`
 }
 
 const childEnv = "RECAL_BENCH_MEMORY"
