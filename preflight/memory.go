@@ -115,12 +115,13 @@ func (c *Check) Memory(cfg config.Config, m *hfmodel.Config, job Job) {
 		return
 	}
 	msg := fmt.Sprintf("memory: %s", verdict)
+	// (the settings named leave Headroom of the device free)
 	if !job.Train {
 		msg += fmt.Sprintf("; lower %s (rows decoding at once) or use a bigger device", job.RowsKey)
-	} else if sets := Remedy(cfg, m, job, promptLen, c.capacity, c.ctxLen, avail); sets != nil {
+	} else if sets, _ := Remedy(cfg, m, job, promptLen, c.capacity, c.ctxLen, avail); sets != nil {
 		msg += "; it fits with " + strings.Join(sets, " ")
 	} else {
-		msg += "; no setting of train.rollout_rows, policy.gradient_checkpointing, dist.shard_optimizer, train.head_chunk or train.micro_batch makes it fit: use more ranks, a bigger device or bfloat16"
+		msg += "; no setting of policy.gradient_checkpointing, dist.shard_optimizer, train.head_chunk, train.micro_batch or train.rollout_rows makes it fit with 10% to spare: use more ranks, a bigger device or bfloat16"
 	}
 	c.Problem("%s", msg)
 }
@@ -175,62 +176,60 @@ func Verdict(plan hfmodel.MemoryPlan, avail int64, source string) (string, bool)
 	return fmt.Sprintf("peak %.2f GiB (%s) of %.2f GiB (%s): does NOT fit, %.2f GiB over", hfmodel.GiB(peak), at, hfmodel.GiB(avail), source, hfmodel.GiB(peak-avail)), false
 }
 
-// Remedy searches for training settings that make the job fit avail
-// bytes: for the rollout, the largest train.rollout_rows that fits; for the
-// update and the step, in turn activation checkpointing, sharding the
-// optimizer (several ranks), train.head_chunk 256 and halving
-// train.micro_batch. It returns them as --set flags, or nil when these do
-// not suffice (or the job is not training).
-func Remedy(cfg config.Config, m *hfmodel.Config, job Job, promptLen, capacity int, ctxLen, avail int64) []string {
+// Headroom is the share of the device Remedy leaves free: the plan is an
+// estimate (bench/memory measures it within about 15% on the CPU), and
+// allocators fragment.
+const Headroom = 0.10
+
+// Remedy searches for training settings that make the job fit (1 −
+// Headroom) of avail bytes: for the update and the step, in turn
+// activation checkpointing, sharding the optimizer (several ranks),
+// train.head_chunk 256 and halving train.micro_batch, as far as needed;
+// then for the rollout the largest train.rollout_rows that fits. It
+// returns them as --set flags with the config they make, or nil when these
+// do not suffice (or the job is not training).
+func Remedy(cfg config.Config, m *hfmodel.Config, job Job, promptLen, capacity int, ctxLen, avail int64) ([]string, config.Config) {
 	if avail <= 0 || !job.Train {
-		return nil
+		return nil, cfg
 	}
+	target := int64(float64(avail) * (1 - Headroom))
 	var sets []string
 	plan := func() hfmodel.MemoryPlan { return m.PlanMemory(Options(cfg, job, promptLen, capacity, ctxLen)) }
-	fits := func() bool { return plan().Peak() <= avail }
-	if plan().Rollout.Peak() > avail {
-		rows := Options(cfg, job, promptLen, capacity, ctxLen).RolloutRows
-		for rows > 1 {
-			rows--
-			cfg.Train.RolloutRows = rows
-			if plan().Rollout.Peak() <= avail {
-				break
-			}
-		}
-		if plan().Rollout.Peak() > avail {
-			return nil
-		}
-		sets = append(sets, fmt.Sprintf("--set train.rollout_rows=%d", rows))
-		if fits() {
-			return sets
-		}
-	}
-	if !cfg.Policy.GradientCheckpointing {
+	trainFits := func() bool { p := plan(); return max(p.Update.Peak(), p.Step.Peak()) <= target }
+	if !trainFits() && !cfg.Policy.GradientCheckpointing {
 		cfg.Policy.GradientCheckpointing = true
 		sets = append(sets, "--set policy.gradient_checkpointing=true")
-		if fits() {
-			return sets
-		}
 	}
-	if job.World > 1 && !cfg.Dist.ShardOptimizer {
+	if !trainFits() && job.World > 1 && !cfg.Dist.ShardOptimizer {
 		cfg.Dist.ShardOptimizer = true
 		sets = append(sets, "--set dist.shard_optimizer=true")
-		if fits() {
-			return sets
-		}
 	}
-	if cfg.Train.HeadChunk > 256 {
+	if !trainFits() && cfg.Train.HeadChunk > 256 {
 		cfg.Train.HeadChunk = 256
 		sets = append(sets, "--set train.head_chunk=256")
-		if fits() {
-			return sets
-		}
 	}
-	for cfg.Train.MicroBatch > 1 {
-		cfg.Train.MicroBatch /= 2
-		if fits() {
-			return append(sets, fmt.Sprintf("--set train.micro_batch=%d", cfg.Train.MicroBatch))
+	if micro := cfg.Train.MicroBatch; !trainFits() && micro > 1 {
+		for !trainFits() && cfg.Train.MicroBatch > 1 {
+			cfg.Train.MicroBatch /= 2
 		}
+		sets = append(sets, fmt.Sprintf("--set train.micro_batch=%d", cfg.Train.MicroBatch))
 	}
-	return nil
+	if !trainFits() {
+		return nil, cfg
+	}
+	if plan().Rollout.Peak() > target {
+		rows := Options(cfg, job, promptLen, capacity, ctxLen).RolloutRows
+		for rows > 1 && plan().Rollout.Peak() > target {
+			rows--
+			cfg.Train.RolloutRows = rows
+		}
+		if plan().Rollout.Peak() > target {
+			return nil, cfg
+		}
+		sets = append(sets, fmt.Sprintf("--set train.rollout_rows=%d", rows))
+	}
+	if sets == nil { // it fits the device but not the headroom: nothing to change
+		return nil, cfg
+	}
+	return sets, cfg
 }
