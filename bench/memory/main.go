@@ -59,6 +59,7 @@ var (
 	only     = flag.String("configs", "", "comma-separated configuration names to run (empty = all)")
 	headroom = flag.Float64("headroom", 6, "GiB of MemAvailable to leave free: a configuration predicted to need more is skipped")
 	chunked  = flag.Int("chunk", 128, "train.head_chunk of the chunked configurations")
+	from     = flag.String("from", "", "print the table from the json lines of an earlier run's output (run with the same -preset, -layers, -seqs, -len, -kl) against the current plan, running nothing")
 	glibc    = flag.Bool("training-malloc", true, "run with recal train's malloc settings (torchbridge.UseTrainingMalloc); false: glibc's defaults")
 )
 
@@ -156,6 +157,11 @@ func parent() error {
 	if err != nil {
 		return err
 	}
+	if *from != "" {
+		fmt.Printf("%-16s %8s %10s %10s %7s %10s %10s %9s %7s   %s\n", "configuration", "runtime", "measured", "planned", "ratio",
+			"backward", "planned", "update s", "× time", "plan (update; step)")
+		return replan(cfg, *from)
+	}
 	host, _ := os.Hostname()
 	fmt.Printf("bench/memory: %s shape, %d layers, vocabulary %d, %d parameters (%.2f B); float32 on the CPU (%d cores, %s, OPENBLAS_CORETYPE=%s); "+
 		"micro-batch %d × %d tokens, KL reference %v, %d update(s) per configuration; %s\n",
@@ -183,19 +189,7 @@ func parent() error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", s.Name, err)
 		}
-		var peak, bw, rt int64
-		var t float64
-		for _, r := range reps {
-			peak = max(peak, r.Peaks[len(r.Peaks)-1])
-			bw = max(bw, r.BackwardPeaks[len(r.BackwardPeaks)-1])
-			rt = max(rt, r.Runtime)
-			t = max(t, r.Times[len(r.Times)-1])
-		}
-		if base == 0 {
-			base = t
-		}
-		fmt.Printf("%-16s %8.2f %10.2f %10.2f %7.3f %10.2f %10.2f %9.1f %7.2f   %s; %s\n", s.Name, hfmodel.GiB(rt), hfmodel.GiB(peak), hfmodel.GiB(trainPeak(p)),
-			float64(peak)/float64(trainPeak(p)), hfmodel.GiB(bw), hfmodel.GiB(p.Update.Peak()), t, t/base, p.Update, p.Step)
+		row(cfg, s, reps, &base)
 		b, _ := json.Marshal(struct {
 			Setup   setup    `json:"setup"`
 			Reports []report `json:"reports"`
@@ -203,8 +197,64 @@ func parent() error {
 		}{s, reps, trainPeak(p)})
 		fmt.Printf("  json %s\n", b)
 	}
-	fmt.Println("GiB per rank (measured: the largest rank's VmHWM; planned: hfmodel.PlanMemory's update and step phases); update s: the last update's wall time on the slowest rank")
+	fmt.Println(legend)
 	return nil
+}
+
+const legend = "GiB per rank (measured: the largest rank's VmHWM, over the whole update and after its backward; planned: hfmodel.PlanMemory's larger of the update and step phases, and its update phase); update s: the last update's wall time on the slowest rank"
+
+// row prints one configuration's line.
+func row(cfg *hfmodel.Config, s setup, reps []report, base *float64) {
+	p := plan(cfg, s)
+	{
+		var peak, bw, rt int64
+		var t float64
+		for _, r := range reps {
+			peak = max(peak, r.Peaks[len(r.Peaks)-1])
+			if len(r.BackwardPeaks) > 0 { // absent from runs before it was measured
+				bw = max(bw, r.BackwardPeaks[len(r.BackwardPeaks)-1])
+			}
+			rt = max(rt, r.Runtime)
+			t = max(t, r.Times[len(r.Times)-1])
+		}
+		if *base == 0 {
+			*base = t
+		}
+		fmt.Printf("%-16s %8.2f %10.2f %10.2f %7.3f %10.2f %10.2f %9.1f %7.2f   %s; %s\n", s.Name, hfmodel.GiB(rt), hfmodel.GiB(peak), hfmodel.GiB(trainPeak(p)),
+			float64(peak)/float64(trainPeak(p)), hfmodel.GiB(bw), hfmodel.GiB(p.Update.Peak()), t, t / *base, p.Update, p.Step)
+	}
+}
+
+// replan prints the table of an earlier run's output file against the
+// current plan.
+func replan(cfg *hfmodel.Config, path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var base float64
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		line, ok := strings.CutPrefix(sc.Text(), "  json ")
+		if !ok {
+			if strings.HasPrefix(sc.Text(), "bench/memory:") {
+				fmt.Printf("measured by: %s\n", sc.Text())
+			}
+			continue
+		}
+		var rec struct {
+			Setup   setup    `json:"setup"`
+			Reports []report `json:"reports"`
+		}
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		row(cfg, rec.Setup, rec.Reports, &base)
+	}
+	fmt.Println(legend)
+	return sc.Err()
 }
 
 func contains(xs []string, x string) bool {
