@@ -107,8 +107,8 @@ type MemoryOptions struct {
 // CPURuntime is MemoryOptions.Runtime for recal on the CPU: the resident
 // memory of a process that has started libtorch (Debian's 1.13) and the Go
 // runtime, before any policy. bench/memory measures it ("runtime" in its
-// output: 0.3 GiB on the 2-core VM); this is that, rounded up.
-const CPURuntime = 400 << 20
+// output: 0.15 GiB, 157.6 MiB, on the 2-core VM); this is that, rounded up.
+const CPURuntime = 160 << 20
 
 // CUDARuntime is MemoryOptions.Runtime on a GPU: the CUDA context and
 // libtorch's kernels loaded on the device, which take 0.5 to 1 GiB
@@ -166,8 +166,14 @@ type MemoryPlan struct {
 	// Rollout: decoding (training rollouts, evaluation, serving).
 	Rollout MemoryPhase
 	// Update: the loss's forward and backward over one micro-batch
-	// (training only).
+	// (training only): the larger of its two moments, Head and
+	// BackwardEnd.
 	Update MemoryPhase
+	// Head is the update at the output head: every activation, the logits
+	// chunk or the backward's workspace, the head gradients. BackwardEnd is
+	// the update at the backward's end: its gradients and the head
+	// weight's.
+	Head, BackwardEnd MemoryPhase
 	// Step: the gradient all-reduce, the optimizer step and, sharded, the
 	// all-gather of the parameters (training only).
 	Step MemoryPhase
@@ -278,8 +284,8 @@ func (c *Config) PlanMemory(o MemoryOptions) MemoryPlan {
 	if o.Checkpointing {
 		acts = (L+4)*N*H*es + layer
 	}
-	// The backward's own tensors at its peak: the gradients of one layer's
-	// activations, as large as those activations.
+	// The backward's own tensors at its start: the gradients of one
+	// layer's activations, as large as those activations.
 	workspace := layer
 	chunk := int64(o.HeadChunk)
 	if chunk <= 0 {
@@ -291,28 +297,48 @@ func (c *Config) PlanMemory(o MemoryOptions) MemoryPlan {
 	// gradient of this backward, and dL/dh for every scored token.
 	logits := 2 * chunk * V * 4
 	headGrad := V*H*4 + N*H*es
-	// Gradients. The float32 sums exist from the first backward to the
-	// step (world 1) or always (the buckets, counted above). A backward's
-	// own gradients exist beside them until they are added in: bfloat16
-	// ones always; float32 ones when they are not the sums themselves
-	// (a later micro-batch; with buckets only the output head's and the
-	// embedding's, which autograd does not write into a bucket).
-	var sums, fresh int64
-	if world == 1 {
-		sums = P * 4
+	// Gradients, and when the update peaks. The float32 sums exist before
+	// a backward starts when it is not the step's first micro-batch (one
+	// rank) and always with several ranks (the buckets, counted above). A
+	// backward's own gradients appear as it goes while the activations it
+	// consumes are freed, so they peak at its end, beside the head
+	// weight's gradient: a float32 first micro-batch's gradients become the
+	// sums (no copy); later ones exist beside the sums until they are
+	// added in; with buckets autograd adds into them directly except for
+	// the embedding (the output head's weight when tied), whose gradient
+	// is added by flush_grads; bfloat16 gradients always exist beside the
+	// float32 sums, and one rank's first micro-batch creates the sums from
+	// them. The update's peak is the larger of two moments: the head's
+	// (every activation, the logits chunk or, once autograd starts, the
+	// backward's workspace, the head gradients) and the backward's end
+	// (its gradients and the head weight's).
+	var before, fresh int64
+	if world == 1 && o.MicroBatches > 1 {
+		before = P * 4
 	}
 	switch {
+	case es != 4 && world == 1 && o.MicroBatches <= 1:
+		fresh = max(P*es, P*4-V*H*4) // the sums made from them, the embedding's into the head's
 	case es != 4:
 		fresh = P * es
-	case o.MicroBatches > 1:
-		fresh = P * 4
 	case world > 1:
 		fresh = V * H * 4
+	default:
+		fresh = P * 4
 	}
-	update := with("update",
-		MemoryPart{"gradient sums", sums}, MemoryPart{"backward's gradients", fresh},
-		MemoryPart{"activations", acts}, MemoryPart{"backward workspace", workspace},
-		MemoryPart{"logits chunk", logits}, MemoryPart{"head gradients", headGrad})
+	head := []MemoryPart{{"gradient sums", before}, {"activations", acts}}
+	if logits >= workspace {
+		head = append(head, MemoryPart{"logits chunk", logits})
+	} else {
+		head = append(head, MemoryPart{"backward workspace", workspace})
+	}
+	head = append(head, MemoryPart{"head gradients", headGrad})
+	end := []MemoryPart{{"gradient sums", before}, {"backward's gradients", fresh}, {"head weight's gradient", V * H * 4}}
+	hp, ep := with("update", head...), with("update", end...)
+	update := hp
+	if ep.Peak() > hp.Peak() {
+		update = ep
+	}
 
 	// Step: the sums, and in turn: the first step of several ranks copies
 	// them into the buckets (both exist for a moment); the optimizer's
@@ -330,6 +356,10 @@ func (c *Config) PlanMemory(o MemoryOptions) MemoryPlan {
 	if world > 1 && P*4 > temp.Bytes {
 		temp = MemoryPart{"first step's bucketing", P * 4}
 	}
+	var sums int64 // the buckets hold them with several ranks
+	if world == 1 {
+		sums = P * 4
+	}
 	step := with("step", MemoryPart{"gradient sums", sums}, temp)
-	return MemoryPlan{Rollout: rollout, Update: update, Step: step}
+	return MemoryPlan{Rollout: rollout, Update: update, Head: hp, BackwardEnd: ep, Step: step}
 }

@@ -55,15 +55,17 @@ func TestPlanMemoryQwen3BByHand(t *testing.T) {
 			// vocabularies per row, a prompt's scores in float32 and bfloat16
 			"decode workspace": 64*512*(4*2048+2*2048+2*256+2*11008)*4 + 64*151936*4*3 + 64*16*512*512*6,
 		},
-		"update": {
-			"gradient sums":        0,     // in the buckets
-			"backward's gradients": P * 2, // bfloat16, before they join the sums
+		"head": {
 			// 36 layer outputs + embedding, final norm ×2, scored states, of 8,192 tokens × 2,048 × 2 bytes,
 			// plus one layer: (6·2048 + 4·2048 + 4·256 + 4·11008) × 8,192 × 2 bytes + 4 × 16 × 2048² float32
-			"activations":        (36+4)*8192*2048*2 + (8192*(6*2048+4*2048+4*256+4*11008)*2 + 4*16*2048*2048*4),
+			"activations": (36+4)*8192*2048*2 + (8192*(6*2048+4*2048+4*256+4*11008)*2 + 4*16*2048*2048*4),
+			// one layer's activations (2 GiB) over the logits chunk (2 × 1,024 × 151,936 float32s, 1.16 GiB)
 			"backward workspace": 8192*(6*2048+4*2048+4*256+4*11008)*2 + 4*16*2048*2048*4,
-			"logits chunk":       2 * 1024 * 151936 * 4,
 			"head gradients":     151936*2048*4 + 8192*2048*2,
+		},
+		"end": {
+			"backward's gradients":   P * 2, // bfloat16, before they join the sums
+			"head weight's gradient": 151936 * 2048 * 4,
 		},
 		"step": {
 			"gradient sums": 0,
@@ -74,8 +76,15 @@ func TestPlanMemoryQwen3BByHand(t *testing.T) {
 			"first step's bucketing": P * 4,
 		},
 	}
-	for _, ph := range p.Phases() {
-		w := want[ph.Name]
+	for _, ph := range []MemoryPhase{p.Rollout, p.Head, p.BackwardEnd, p.Step} {
+		name := ph.Name
+		switch {
+		case ph.Name == "update" && ph.Part("activations") > 0:
+			name = "head"
+		case ph.Name == "update":
+			name = "end"
+		}
+		w := want[name]
 		if w == nil {
 			t.Fatalf("unexpected phase %q", ph.Name)
 		}
@@ -96,8 +105,8 @@ func TestPlanMemoryQwen3BByHand(t *testing.T) {
 			t.Errorf("%s: peak %d, want the sum of its terms %d (a term the test does not know: %s)", ph.Name, ph.Peak(), total, ph)
 		}
 	}
-	if p.Peak() != p.Update.Peak() || p.Step.Peak() >= p.Update.Peak() {
-		t.Errorf("peak %d, want the update's %d (the largest phase here, above the step's %d)", p.Peak(), p.Update.Peak(), p.Step.Peak())
+	if p.Update.Peak() != max(p.Head.Peak(), p.BackwardEnd.Peak()) {
+		t.Errorf("update %d, want the larger of the head's %d and the backward's end's %d", p.Update.Peak(), p.Head.Peak(), p.BackwardEnd.Peak())
 	}
 }
 
@@ -114,13 +123,13 @@ func TestPlanMemoryHostileSettings(t *testing.T) {
 		edit  func(*MemoryOptions)
 		check func(t *testing.T, p MemoryPlan)
 	}{
-		{"chunk 0 is the bridge's 256", func(o *MemoryOptions) { o.SeqLen = 1000; o.HeadChunk = 0 }, func(t *testing.T, p MemoryPlan) {
-			if got := p.Update.Part("logits chunk"); got != 2*256*151936*4 {
+		{"chunk 0 is the bridge's 256", func(o *MemoryOptions) { o.MicroSeqs = 1; o.SeqLen = 300; o.HeadChunk = 0 }, func(t *testing.T, p MemoryPlan) {
+			if got := p.Head.Part("logits chunk"); got != 2*256*151936*4 {
 				t.Errorf("logits chunk %d, want 256 tokens' (the bridge's default)", got)
 			}
 		}},
 		{"chunk larger than the micro-batch is one chunk", func(o *MemoryOptions) { o.HeadChunk = 1 << 20 }, func(t *testing.T, p MemoryPlan) {
-			if got := p.Update.Part("logits chunk"); got != 2*200*151936*4 {
+			if got := p.Head.Part("logits chunk"); got != 2*200*151936*4 {
 				t.Errorf("logits chunk %d, want the micro-batch's 200 tokens'", got)
 			}
 		}},
@@ -142,7 +151,7 @@ func TestPlanMemoryHostileSettings(t *testing.T) {
 			}
 		}},
 		{"world 0 is one process", func(o *MemoryOptions) { o.World = 0 }, func(t *testing.T, p MemoryPlan) {
-			if p.Update.Part("gradient sums") != P*4 || p.Update.Part("gradient buckets") != 0 {
+			if p.Step.Part("gradient sums") != P*4 || p.Update.Part("gradient buckets") != 0 {
 				t.Errorf("world 0: %s; want one process's gradient sums", p.Update)
 			}
 		}},
@@ -162,13 +171,18 @@ func TestPlanMemoryHostileSettings(t *testing.T) {
 		}},
 		{"checkpointing keeps less", func(o *MemoryOptions) { o.Checkpointing = true }, func(t *testing.T, p MemoryPlan) {
 			plain := c.PlanMemory(base)
-			if p.Update.Part("activations") >= plain.Update.Part("activations") {
-				t.Errorf("activations with checkpointing %d ≥ without %d", p.Update.Part("activations"), plain.Update.Part("activations"))
+			if p.Head.Part("activations") >= plain.Head.Part("activations") {
+				t.Errorf("activations with checkpointing %d ≥ without %d", p.Head.Part("activations"), plain.Head.Part("activations"))
 			}
 		}},
 		{"more micro-batches keep a backward's gradients beside the sums", func(o *MemoryOptions) { o.MicroBatches = 3 }, func(t *testing.T, p MemoryPlan) {
-			if got := p.Update.Part("backward's gradients"); got != P*4 {
-				t.Errorf("backward's gradients %d, want P·4 = %d", got, int64(P*4))
+			if got, sums := p.BackwardEnd.Part("backward's gradients"), p.BackwardEnd.Part("gradient sums"); got != P*4 || sums != P*4 {
+				t.Errorf("backward's gradients %d beside sums %d, want P·4 = %d each", got, sums, int64(P*4))
+			}
+		}},
+		{"one micro-batch's gradients become the sums", func(o *MemoryOptions) {}, func(t *testing.T, p MemoryPlan) {
+			if got, sums := p.BackwardEnd.Part("backward's gradients"), p.BackwardEnd.Part("gradient sums"); got != P*4 || sums != 0 {
+				t.Errorf("backward's gradients %d beside sums %d, want P·4 = %d and none", got, sums, int64(P*4))
 			}
 		}},
 	} {
