@@ -36,7 +36,7 @@ func Options(cfg config.Config, job Job, promptLen, capacity int, ctxLen int64) 
 	cuda := strings.HasPrefix(cfg.Policy.Device, "cuda")
 	o := hfmodel.MemoryOptions{DType: cfg.Policy.DType, CUDA: cuda, Train: job.Train, World: world,
 		Checkpointing: cfg.Policy.GradientCheckpointing, ShardOptimizer: cfg.Dist.ShardOptimizer,
-		HeadChunk: cfg.Train.HeadChunk, PromptLen: promptLen, Runtime: hfmodel.CPURuntime}
+		HeadChunk: cfg.Train.HeadChunk, PromptLen: promptLen, BucketBytes: int64(cfg.Dist.BucketBytes), Runtime: hfmodel.CPURuntime}
 	if cuda {
 		o.Runtime = hfmodel.CUDARuntime
 	}

@@ -98,6 +98,9 @@ type MemoryOptions struct {
 	// each), PromptLen a prompt's tokens and Capacity a row's positions
 	// (prompt and response).
 	RolloutRows, PromptLen, Capacity int
+	// BucketBytes is the size of the gradient all-reduce's buckets
+	// (dist.bucket_bytes; ≤ 0: 25 MiB).
+	BucketBytes int64
 	// Runtime is the memory of the process besides tensors (the libtorch
 	// and Go runtimes, code, allocator pools; on a GPU the CUDA context),
 	// counted in every phase.
@@ -341,7 +344,8 @@ func (c *Config) PlanMemory(o MemoryOptions) MemoryPlan {
 	}
 
 	// Step: the sums, and in turn: the first step of several ranks copies
-	// them into the buckets (both exist for a moment); the optimizer's
+	// them into the buckets, one bucket at a time (a bucket is at most
+	// bucket_bytes plus its last parameter); the optimizer's
 	// float32 temporaries (recal_train.cc's rc_policy_step, one parameter
 	// at a time: the whole gradient's square for the norm, then of the
 	// rank's share the clipped gradient, the second moment's square root
@@ -353,8 +357,12 @@ func (c *Config) PlanMemory(o MemoryOptions) MemoryPlan {
 	if sharded && (world+1)*share*es > temp.Bytes {
 		temp = MemoryPart{"parameter all-gather", (world + 1) * share * es}
 	}
-	if world > 1 && P*4 > temp.Bytes {
-		temp = MemoryPart{"first step's bucketing", P * 4}
+	bucket := o.BucketBytes
+	if bucket <= 0 {
+		bucket = 25 << 20
+	}
+	if bucket = bucket + largest*4; world > 1 && bucket > temp.Bytes { // a bucket holds whole parameters
+		temp = MemoryPart{"first step's bucketing", bucket}
 	}
 	var sums int64 // the buckets hold them with several ranks
 	if world == 1 {
