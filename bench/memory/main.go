@@ -158,8 +158,6 @@ func parent() error {
 		return err
 	}
 	if *from != "" {
-		fmt.Printf("%-16s %8s %10s %10s %7s %10s %10s %9s %7s   %s\n", "configuration", "runtime", "measured", "planned", "ratio",
-			"backward", "planned", "update s", "× time", "plan (update; step)")
 		return replan(cfg, *from)
 	}
 	host, _ := os.Hostname()
@@ -167,8 +165,7 @@ func parent() error {
 		"micro-batch %d × %d tokens, KL reference %v, %d update(s) per configuration; %s\n",
 		*preset, cfg.NumHiddenLayers, cfg.VocabSize, cfg.NumParams(), float64(cfg.NumParams())/1e9, runtime.NumCPU(), host,
 		os.Getenv("OPENBLAS_CORETYPE"), *seqs, *seqLen, *kl, *steps, time.Now().UTC().Format("2006-01-02 15:04 UTC"))
-	fmt.Printf("%-16s %8s %10s %10s %7s %10s %10s %9s %7s   %s\n", "configuration", "runtime", "measured", "planned", "ratio",
-		"backward", "planned", "update s", "× time", "plan (update; step)")
+	fmt.Println(header)
 	var base float64
 	for _, s := range setups() {
 		if *only != "" && !contains(strings.Split(*only, ","), s.Name) {
@@ -201,28 +198,37 @@ func parent() error {
 	return nil
 }
 
-const legend = "GiB per rank (measured: the largest rank's VmHWM, over the whole update and after its backward; planned: hfmodel.PlanMemory's larger of the update and step phases, and its update phase); update s: the last update's wall time on the slowest rank"
+const legend = "GiB per rank, measured: the largest rank's VmHWM after the first update's backward, after the first update and after the last; planned: hfmodel.PlanMemory's update phase less the optimizer state (created by the first step), its step phase, and its peak (the larger); update s: the last update's wall time on the slowest rank, × time: over the first configuration's"
 
-// row prints one configuration's line.
+// header is the table's first line.
+const header = "configuration      runtime | 1st backward  planned  ratio | 1st step  planned  ratio | all updates  planned  ratio | update s  × time"
+
+// row prints one configuration's line: the first update's backward (the
+// optimizer state does not exist yet) and step against the plan's update
+// (less the optimizer state) and step phases, and the peak over every
+// update against the plan's peak; then the plan's phases.
 func row(cfg *hfmodel.Config, s setup, reps []report, base *float64) {
 	p := plan(cfg, s)
-	{
-		var peak, bw, rt int64
-		var t float64
-		for _, r := range reps {
-			peak = max(peak, r.Peaks[len(r.Peaks)-1])
-			if len(r.BackwardPeaks) > 0 { // absent from runs before it was measured
-				bw = max(bw, r.BackwardPeaks[len(r.BackwardPeaks)-1])
-			}
-			rt = max(rt, r.Runtime)
-			t = max(t, r.Times[len(r.Times)-1])
+	var peak, bw1, st1, rt int64
+	var t float64
+	for _, r := range reps {
+		peak = max(peak, r.Peaks[len(r.Peaks)-1])
+		st1 = max(st1, r.Peaks[0])
+		if len(r.BackwardPeaks) > 0 { // absent from runs before it was measured
+			bw1 = max(bw1, r.BackwardPeaks[0])
 		}
-		if *base == 0 {
-			*base = t
-		}
-		fmt.Printf("%-16s %8.2f %10.2f %10.2f %7.3f %10.2f %10.2f %9.1f %7.2f   %s; %s\n", s.Name, hfmodel.GiB(rt), hfmodel.GiB(peak), hfmodel.GiB(trainPeak(p)),
-			float64(peak)/float64(trainPeak(p)), hfmodel.GiB(bw), hfmodel.GiB(p.Update.Peak()), t, t / *base, p.Update, p.Step)
+		rt = max(rt, r.Runtime)
+		t = max(t, r.Times[len(r.Times)-1])
 	}
+	if *base == 0 {
+		*base = t
+	}
+	first := p.Update.Peak() - p.Update.Part("AdamW moments") - p.Update.Part("float32 master weights")
+	ratio := func(a, b int64) float64 { return float64(a) / float64(b) }
+	fmt.Printf("%-16s %8.2f | %12.2f %8.2f %6.3f | %8.2f %8.2f %6.3f | %11.2f %8.2f %6.3f | %8.1f %7.2f\n", s.Name, hfmodel.GiB(rt),
+		hfmodel.GiB(bw1), hfmodel.GiB(first), ratio(bw1, first), hfmodel.GiB(st1), hfmodel.GiB(p.Step.Peak()), ratio(st1, p.Step.Peak()),
+		hfmodel.GiB(peak), hfmodel.GiB(trainPeak(p)), ratio(peak, trainPeak(p)), t, t / *base)
+	fmt.Printf("    plan: %s\n    plan: %s\n", p.Update, p.Step)
 }
 
 // replan prints the table of an earlier run's output file against the
@@ -241,6 +247,7 @@ func replan(cfg *hfmodel.Config, path string) error {
 		if !ok {
 			if strings.HasPrefix(sc.Text(), "bench/memory:") {
 				fmt.Printf("measured by: %s\n", sc.Text())
+				fmt.Println(header)
 			}
 			continue
 		}

@@ -336,7 +336,11 @@ func (c *Config) PlanMemory(o MemoryOptions) MemoryPlan {
 		head = append(head, MemoryPart{"backward workspace", workspace})
 	}
 	head = append(head, MemoryPart{"head gradients", headGrad})
-	end := []MemoryPart{{"gradient sums", before}, {"backward's gradients", fresh}, {"head weight's gradient", V * H * 4}}
+	// The embedding's gradient, a dense [vocab, hidden] tensor, is made by
+	// its backward and then copied into .grad (autograd keeps what it
+	// cannot take over), so a second one exists for a moment at the end.
+	end := []MemoryPart{{"gradient sums", before}, {"backward's gradients", fresh}, {"head weight's gradient", V * H * 4},
+		{"embedding gradient's copy", V * H * es}}
 	hp, ep := with("update", head...), with("update", end...)
 	update := hp
 	if ep.Peak() > hp.Peak() {
