@@ -353,13 +353,15 @@ func (c *Config) PlanMemory(o MemoryOptions) MemoryPlan {
 	// float32 temporaries (recal_train.cc's rc_policy_step, one parameter
 	// at a time: the whole gradient's square for the norm, then of the
 	// rank's share the clipped gradient, the second moment's square root
-	// and the denominator); sharded, the all-gather's send buffer and
-	// every rank's share (the policy's dtype).
+	// and the denominator); sharded, the all-gather's send buffer, every
+	// rank's share (the policy's dtype), and c10d's own flat buffer of
+	// every rank's share, which its allgather fills before copying out
+	// (ProcessGroupGloo's and ProcessGroupNCCL's allgather alike).
 	// These come one after the other, so the phase's peak holds the
 	// largest of them.
 	temp := MemoryPart{"optimizer temporaries", max(largest, 3*largestShare) * 4}
-	if sharded && (world+1)*share*es > temp.Bytes {
-		temp = MemoryPart{"parameter all-gather", (world + 1) * share * es}
+	if gather := (2*world + 1) * share * es; sharded && gather > temp.Bytes {
+		temp = MemoryPart{"parameter all-gather", gather}
 	}
 	bucket := o.BucketBytes
 	if bucket <= 0 {

@@ -72,11 +72,12 @@ func TestPlanMemoryQwen3BByHand(t *testing.T) {
 		"step": {
 			"gradient sums": 0,
 			// the largest of the moments one after the other: the all-gather's
-			// send buffer and 4 shares in bfloat16 (7.7 GB) over the first
-			// step's copy of the sums into the buckets, one bucket at a time
-			// (25 MiB and the embedding, 1.3 GB) and the optimizer's three
-			// float32 quarters of the embedding (1.2 GB)
-			"parameter all-gather": 5 * share * 2,
+			// send buffer, 4 shares and c10d's flat copy of the 4 shares, in
+			// bfloat16 (13.9 GB), over the first step's copy of the sums into
+			// the buckets, one bucket at a time (25 MiB and the embedding,
+			// 1.3 GB) and the optimizer's three float32 quarters of the
+			// embedding (1.2 GB)
+			"parameter all-gather": 9 * share * 2,
 		},
 	}
 	for _, ph := range []MemoryPhase{p.Rollout, p.Head, p.BackwardEnd, p.Step} {
