@@ -22,10 +22,14 @@
 // (/proc/meminfo) minus -headroom GiB, or it is skipped and said so: the
 // machine is shared.
 //
-// It prints, per configuration, the measured peak per rank (the largest
-// rank's), the plan's peak (the larger of its update and step phases; the
-// bench decodes nothing), their ratio, the time of the last update and its
-// ratio to the first configuration's.
+// It prints, per configuration, the largest rank's VmHWM after the first
+// update's backward, after the first update and after the last, each
+// against the plan (the update phase less the optimizer state, which the
+// first step creates; the step phase; the larger of the two), the last
+// update's time and its ratio to the first configuration's, then the
+// plan's phases, and a json line with the raw measurements. -from FILE
+// prints a saved output's measurements against the current plan
+// (bench/memory/results holds the runs docs/memory.md reports).
 package main
 
 import (
