@@ -353,21 +353,23 @@ func (c *Config) PlanMemory(o MemoryOptions) MemoryPlan {
 	// float32 temporaries (recal_train.cc's rc_policy_step, one parameter
 	// at a time: the whole gradient's square for the norm, then of the
 	// rank's share the clipped gradient, the second moment's square root
-	// and the denominator); sharded, the all-gather's send buffer, every
-	// rank's share (the policy's dtype), and c10d's own flat buffer of
-	// every rank's share, which its allgather fills before copying out
-	// (ProcessGroupGloo's and ProcessGroupNCCL's allgather alike).
+	// and the denominator); sharded, for one round of the all-gather
+	// (about dist.bucket_bytes of parameters, whole ones), the send
+	// buffer, every rank's share (the policy's dtype), and c10d's own
+	// flat buffer of every rank's share, which its allgather fills before
+	// copying out (ProcessGroupGloo's and ProcessGroupNCCL's alike).
 	// These come one after the other, so the phase's peak holds the
 	// largest of them.
 	temp := MemoryPart{"optimizer temporaries", max(largest, 3*largestShare) * 4}
-	if gather := (2*world + 1) * share * es; sharded && gather > temp.Bytes {
+	bucketBytes := o.BucketBytes
+	if bucketBytes <= 0 {
+		bucketBytes = 25 << 20
+	}
+	round := min(P, bucketBytes/es+largest) // a round of the all-gather holds whole parameters
+	if gather := (2*world + 1) * ((round + world - 1) / world) * es; sharded && gather > temp.Bytes {
 		temp = MemoryPart{"parameter all-gather", gather}
 	}
-	bucket := o.BucketBytes
-	if bucket <= 0 {
-		bucket = 25 << 20
-	}
-	if bucket = bucket + largest*4; world > 1 && bucket > temp.Bytes { // a bucket holds whole parameters
+	if bucket := bucketBytes + largest*4; world > 1 && bucket > temp.Bytes { // a bucket holds whole parameters
 		temp = MemoryPart{"first step's bucketing", bucket}
 	}
 	var sums int64 // the buckets hold them with several ranks

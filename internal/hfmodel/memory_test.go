@@ -72,12 +72,13 @@ func TestPlanMemoryQwen3BByHand(t *testing.T) {
 		"step": {
 			"gradient sums": 0,
 			// the largest of the moments one after the other: the all-gather's
-			// send buffer, 4 shares and c10d's flat copy of the 4 shares, in
-			// bfloat16 (13.9 GB), over the first step's copy of the sums into
-			// the buckets, one bucket at a time (25 MiB and the embedding,
-			// 1.3 GB) and the optimizer's three float32 quarters of the
-			// embedding (1.2 GB)
-			"parameter all-gather": 9 * share * 2,
+			// largest round (25 MiB of bfloat16 parameters and the embedding,
+			// 324,272,128 elements: its send buffer, 4 quarter shares and c10d's
+			// flat copy of them, 1.46 GB), over the first step's copy of the
+			// sums into the buckets, one bucket at a time (25 MiB and the
+			// float32 embedding, 1.27 GB) and the optimizer's three float32
+			// quarters of the embedding (0.93 GB)
+			"parameter all-gather": 9 * ((25<<20/2 + 151936*2048) / 4) * 2,
 		},
 	}
 	for _, ph := range []MemoryPhase{p.Rollout, p.Head, p.BackwardEnd, p.Step} {
