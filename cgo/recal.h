@@ -309,7 +309,9 @@ int rc_dist_allreduce_grads(rc_dist* d, rc_policy* p, char** err);
 /* After rc_policy_step on a policy sharded as this rank of this group
  * (rc_policy_shard_optimizer), gives every rank the parameter elements the
  * other ranks updated (an all-gather of the shares, in the parameters'
- * dtype). A no-op for an unsharded policy of a group of one. */
+ * dtype, in rounds of about the group's bucket_bytes of parameters, so its
+ * buffers hold one round). A no-op for an unsharded policy of a group of
+ * one. */
 int rc_dist_gather_params(rc_dist* d, rc_policy* p, char** err);
 
 /* Gathers a sharded policy's whole optimizer state on rank root (CPU

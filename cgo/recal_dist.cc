@@ -240,53 +240,66 @@ int rc_dist_gather_params(rc_dist* d, rc_policy* p, char** err) {
            std::to_string(d->size));
     if (!p->sharded()) return;
     torch::NoGradGuard ng;
-    // Every rank's share, packed in parameter order, padded to the longest.
-    std::vector<int64_t> len(d->size, 0);
-    for (int r = 0; r < d->size; r++)
-      for (size_t i = 0; i < p->params.size(); i++) {
-        auto s = p->share(i, r, d->size);
-        len[r] += s.second - s.first;
-      }
-    int64_t most = *std::max_element(len.begin(), len.end());
-    // The values travel as their bytes (Gloo has no bfloat16).
+    // In rounds of about bucket_bytes of parameters (at least one whole
+    // parameter each), so the buffers (this rank's share, every rank's,
+    // and c10d's flat copy of them) hold one round, not every parameter.
+    // The rounds depend on the shapes alone: every rank cuts the same ones.
     int64_t es = (int64_t)c10::elementSize(p->dtype);
+    int64_t cap = std::max<int64_t>(1, d->bucket_bytes / es);
     auto flat = [&](size_t i) { return p->params[i].view({-1}).view(torch::kUInt8); };
     auto opts = torch::TensorOptions().dtype(torch::kUInt8).device(p->device);
-    most *= es;
-    auto mine = torch::zeros({most}, opts);
-    int64_t off = 0;
-    for (size_t i = 0; i < p->params.size(); i++) {
-      auto n = (p->own_hi[i] - p->own_lo[i]) * es;
-      if (n > 0) mine.narrow(0, off, n).copy_(flat(i).narrow(0, p->own_lo[i] * es, n));
-      off += n;
-    }
-    std::vector<torch::Tensor> all;
-    for (int r = 0; r < d->size; r++) all.push_back(torch::empty({most}, opts));
-    collective(d, "gather_params", [&] {
-      std::vector<std::vector<torch::Tensor>> outputs{all};
-      std::vector<torch::Tensor> inputs{mine};
-      c10d::AllgatherOptions o;
-      o.timeout = d->timeout;
+    for (size_t first = 0; first < p->params.size();) {
+      size_t last = first;
+      for (int64_t n = 0; last < p->params.size() && (last == first || n < cap); last++) n += p->params[last].numel();
+      // Every rank's share of the round, packed in parameter order, padded
+      // to the longest.
+      std::vector<int64_t> len(d->size, 0);
+      for (int r = 0; r < d->size; r++)
+        for (size_t i = first; i < last; i++) {
+          auto s = p->share(i, r, d->size);
+          len[r] += s.second - s.first;
+        }
+      int64_t most = *std::max_element(len.begin(), len.end()) * es;  // the values travel as bytes (Gloo has no bfloat16)
+      if (most == 0) {
+        first = last;
+        continue;
+      }
+      auto mine = torch::zeros({most}, opts);
+      int64_t off = 0;
+      for (size_t i = first; i < last; i++) {
+        auto n = (p->own_hi[i] - p->own_lo[i]) * es;
+        if (n > 0) mine.narrow(0, off, n).copy_(flat(i).narrow(0, p->own_lo[i] * es, n));
+        off += n;
+      }
+      std::vector<torch::Tensor> all;
+      for (int r = 0; r < d->size; r++) all.push_back(torch::empty({most}, opts));
+      collective(d, "gather_params", [&] {
+        std::vector<std::vector<torch::Tensor>> outputs{all};
+        std::vector<torch::Tensor> inputs{mine};
+        c10d::AllgatherOptions o;
+        o.timeout = d->timeout;
 #ifdef USE_C10D_NCCL
-      if (mine.is_cuda()) {
-        if (!d->nccl) fail("parameters on " + mine.device().str() + " need the nccl backend");
-        wait(d, d->nccl->allgather(outputs, inputs, o));
-        all = outputs[0];
-        return;
-      }
+        if (mine.is_cuda()) {
+          if (!d->nccl) fail("parameters on " + mine.device().str() + " need the nccl backend");
+          wait(d, d->nccl->allgather(outputs, inputs, o));
+          all = outputs[0];
+          return;
+        }
 #endif
-      wait(d, d->gloo->allgather(outputs, inputs, o));
-      all = outputs[0];
-    });
-    for (int r = 0; r < d->size; r++) {
-      if (r == d->rank) continue;
-      int64_t at = 0;
-      for (size_t i = 0; i < p->params.size(); i++) {
-        auto s = p->share(i, r, d->size);
-        auto n = (s.second - s.first) * es;
-        if (n > 0) flat(i).narrow(0, s.first * es, n).copy_(all[r].narrow(0, at, n));
-        at += n;
+        wait(d, d->gloo->allgather(outputs, inputs, o));
+        all = outputs[0];
+      });
+      for (int r = 0; r < d->size; r++) {
+        if (r == d->rank) continue;
+        int64_t at = 0;
+        for (size_t i = first; i < last; i++) {
+          auto s = p->share(i, r, d->size);
+          auto n = (s.second - s.first) * es;
+          if (n > 0) flat(i).narrow(0, s.first * es, n).copy_(all[r].narrow(0, at, n));
+          at += n;
+        }
       }
+      first = last;
     }
   });
 }

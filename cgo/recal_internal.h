@@ -175,15 +175,36 @@ struct rc_policy {
 
   // Puts the gradient sums into buckets of about bucket_bytes (at least one
   // parameter each), keeping their values; a no-op when they are already
-  // bucketed for the current parameters.
+  // bucketed for the current parameters. Bucket by bucket: each old sum is
+  // freed once copied, so the copy costs one bucket of memory, not a
+  // second set of sums.
   void bucket_grads(int64_t bucket_bytes) {
     torch::NoGradGuard ng;
     if (!buckets.empty() && bucketed_params == params.size()) return;
     unbucket_grads();
-    std::vector<torch::Tensor> old = grad32;
+    std::vector<torch::Tensor> old = std::move(grad32);
     old.resize(params.size());
+    grad32.assign(params.size(), torch::Tensor());
     int64_t cap = std::max<int64_t>(1, bucket_bytes / 4);
     auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+    auto fill = [&](size_t b) {
+      int64_t off = 0;
+      for (size_t i = bucket_spans[b].first; i < bucket_spans[b].second; i++) {
+        auto n = params[i].numel();
+        grad32[i] = buckets[b].narrow(0, off, n).view(params[i].sizes());
+        if (old[i].defined()) grad32[i].copy_(old[i]);
+        old[i] = torch::Tensor();  // the only reference left: freed here
+        if (grad_is_view(i) && params[i].requires_grad()) {
+          auto& g = params[i].mutable_grad();
+          // A pending .grad (a backward not yet flushed) joins the sum first.
+          if (g.defined()) grad32[i].add_(g);
+          // Another view object: autograd adds into it in place.
+          g = buckets[b].narrow(0, off, n).view(params[i].sizes());
+        }
+        off += n;
+      }
+    };
+    bucketed_params = params.size();  // grad_is_view holds for the parameters filled so far
     size_t first = 0;
     int64_t n = 0;
     for (size_t i = 0; i < params.size(); i++) {
@@ -193,24 +214,7 @@ struct rc_policy {
         bucket_spans.emplace_back(first, i + 1);
         first = i + 1;
         n = 0;
-      }
-    }
-    bucketed_params = params.size();
-    grad32.assign(params.size(), torch::Tensor());
-    for (size_t b = 0; b < buckets.size(); b++) {
-      int64_t off = 0;
-      for (size_t i = bucket_spans[b].first; i < bucket_spans[b].second; i++) {
-        auto n = params[i].numel();
-        grad32[i] = buckets[b].narrow(0, off, n).view(params[i].sizes());
-        if (old[i].defined()) grad32[i].copy_(old[i]);
-        if (grad_is_view(i) && params[i].requires_grad()) {
-          auto& g = params[i].mutable_grad();
-          // A pending .grad (a backward not yet flushed) joins the sum first.
-          if (g.defined()) grad32[i].add_(g);
-          // Another view object: autograd adds into it in place.
-          g = buckets[b].narrow(0, off, n).view(params[i].sizes());
-        }
-        off += n;
+        fill(buckets.size() - 1);
       }
     }
   }

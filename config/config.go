@@ -6,6 +6,7 @@ package config
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -72,6 +73,14 @@ type Train struct {
 	// MicroBatch is the responses per forward/backward call; gradients
 	// accumulate over the micro-batches of a mini-batch.
 	MicroBatch int `toml:"micro_batch"`
+	// RolloutRows is the most responses a rank decodes at once in a step's
+	// rollouts, each a row of the KV cache (0 = all of the rank's share of
+	// batch_size × group_size): more run in consecutive rounds, each with a
+	// KV cache of its own. The dry run's memory plan names the largest
+	// count that fits the device (docs/memory.md). A response samples the
+	// same tokens in any round (float32 on the CPU: the same bits; bfloat16
+	// or CUDA: up to float rounding), so it only trades time for memory.
+	RolloutRows int `toml:"rollout_rows"`
 	// Temperature is the rollouts' sampling temperature (0 = greedy).
 	Temperature float64 `toml:"temperature"`
 	// TopP is the rollouts' nucleus-sampling mass, in (0, 1] (1 = off).
@@ -294,6 +303,13 @@ type Policy struct {
 	// time (and each layer's input) for about one more forward pass of
 	// compute. The gradients are the plain backward's, bit for bit.
 	GradientCheckpointing bool `toml:"gradient_checkpointing"`
+	// DeviceMemory is the memory of the device each rank's policy runs on,
+	// in GiB, against which the dry runs (train, eval and serve --dry-run)
+	// check their memory plan (docs/memory.md): a GPU's memory, e.g. 80
+	// for an 80 GB card. 0: the machine's MemTotal for device "cpu" (shared
+	// by the ranks of a job on it), unknown for a GPU (the plan is printed
+	// without a verdict). Nothing else reads it.
+	DeviceMemory float64 `toml:"device_memory"`
 }
 
 // Default returns the configuration every file starts from.
@@ -456,6 +472,9 @@ func (c *Config) Validate() error {
 	if c.Policy.Threads < 0 {
 		return fmt.Errorf("policy.threads = %d: must be ≥ 0", c.Policy.Threads)
 	}
+	if c.Policy.DeviceMemory < 0 || math.IsNaN(c.Policy.DeviceMemory) || math.IsInf(c.Policy.DeviceMemory, 0) {
+		return fmt.Errorf("policy.device_memory = %g: must be a finite number of GiB ≥ 0 (0 = the machine's MemTotal on the CPU, unknown on a GPU)", c.Policy.DeviceMemory)
+	}
 	if c.Policy.RolloutWorkers < 0 {
 		return fmt.Errorf("policy.rollout_workers = %d: must be ≥ 0", c.Policy.RolloutWorkers)
 	}
@@ -518,6 +537,7 @@ func (c *Config) Validate() error {
 		{t.CheckpointEvery < 1, "train.checkpoint_every must be ≥ 1"},
 		{t.ValidateEvery < 0, "train.validate_every must be ≥ 0"},
 		{t.HeadChunk < 1, "train.head_chunk must be ≥ 1"},
+		{t.RolloutRows < 0, fmt.Sprintf("train.rollout_rows = %d: must be ≥ 0 (0 = all of a rank's responses at once)", t.RolloutRows)},
 		{t.MaxSkippedUpdates < 0, fmt.Sprintf("train.max_skipped_updates = %d: must be ≥ 0 (0 = never stop)", t.MaxSkippedUpdates)},
 		{c.SFT.Steps < 0, "sft.steps must be ≥ 0"},
 		{c.SFT.Steps > 0 && c.SFT.BatchSize < 1, "sft.batch_size must be ≥ 1"},

@@ -28,6 +28,11 @@ type Env struct {
 	// Roll and RollRows at once when they decode on one thread and ask for
 	// log-probs (policy.rollout_workers; 0 = the process's thread count).
 	RolloutWorkers int
+	// MaxRows is the most rows RollRows decodes at once (train.rollout_rows
+	// for the GRPO rollouts; 0 = all): more responses run in consecutive
+	// rounds of at most MaxRows, each in a KV cache of its own that is
+	// freed before the next. Each response samples as in one round.
+	MaxRows int
 
 	mu      sync.Mutex
 	prompts map[string][]int32 // prompt tokens by question id
@@ -150,6 +155,33 @@ func (e *Env) RollRows(ctx context.Context, qs []data.Example, g int, s generate
 		}
 	}
 	capacity := min(longest+e.Router.Capacity(), e.Engine.CtxLen)
+	round := len(jobs)
+	if e.MaxRows > 0 {
+		round = min(round, e.MaxRows)
+	}
+	// The KV cache of a round is freed when the round ends: nothing of the
+	// rollouts stays in memory for the update.
+	for lo := 0; lo < len(jobs); lo += round {
+		hi := min(lo+round, len(jobs))
+		part, pst, err := e.rollRound(ctx, jobs[lo:hi], capacity, s, seed, logp, first+lo, workers)
+		out = append(out, part...)
+		st.Wall += pst.Wall
+		st.Decode += pst.Decode
+		st.SlowestSum += pst.SlowestSum
+		st.Calls += pst.Calls
+		if err != nil {
+			return out, st, err
+		}
+	}
+	if out == nil {
+		out = []router.Sample{}
+	}
+	return out, st, nil
+}
+
+// rollRound decodes jobs, rows first.. of the batch, in a KV cache of their
+// own, freed before it returns.
+func (e *Env) rollRound(ctx context.Context, jobs []router.Job, capacity int, s generate.Sampling, seed uint64, logp bool, first, workers int) ([]router.Sample, router.Stats, error) {
 	cache, err := e.Engine.Policy.NewCache(len(jobs), capacity)
 	if err != nil {
 		return nil, router.Stats{}, err
@@ -162,5 +194,5 @@ func (e *Env) RollRows(ctx context.Context, qs []data.Example, g int, s generate
 // another prompt and protocol settings (e.g. no models and no calls).
 func (e *Env) WithPrompt(p *router.Prompt, rc router.Config) *Env {
 	return &Env{Engine: e.Engine, Pool: e.Pool, Prompt: p, Router: rc, DecodeThreads: e.DecodeThreads, RolloutWorkers: e.RolloutWorkers,
-		prompts: map[string][]int32{}}
+		MaxRows: e.MaxRows, prompts: map[string][]int32{}}
 }

@@ -171,7 +171,9 @@ func (g *ProcessGroup) AllReduceGrads(ctx context.Context, p *Policy) error {
 // GatherParams gives every rank the parameter elements the other ranks
 // updated, after Policy.Step on a policy whose optimizer state is sharded
 // over this group (Policy.ShardOptimizer(g.Rank(), g.Size())): ZeRO-1's
-// all-gather of the parameters. A no-op for a policy sharded over one rank.
+// all-gather of the parameters, in rounds of about GroupOptions.BucketBytes
+// of parameters (its buffers hold one round). A no-op for a policy sharded
+// over one rank.
 func (g *ProcessGroup) GatherParams(ctx context.Context, p *Policy) error {
 	if err := g.begin(ctx); err != nil {
 		return err

@@ -29,9 +29,11 @@ import (
 var OperationalKeys = []string{
 	"policy.device", "policy.threads", "policy.rollout_workers",
 	"policy.gradient_checkpointing", // memory: the same gradients, recomputed
+	"policy.device_memory",          // read by the dry run's memory plan only
 	"train.steps",                   // where training stops: a longer run continues a shorter one (not with a decaying train.lr_schedule: see configChanges)
 	"train.log_every", "train.checkpoint_every", "train.validate_every", "train.max_skipped_updates",
 	"train.micro_batch", "train.head_chunk", // memory knobs: the same sums, grouped differently
+	"train.rollout_rows", // memory: the same responses, decoded in rounds
 	"eval.*", "serve.*",
 	"dist.*",                     // how ranks talk; the world size is not a key either: a resume may change it
 	"embedding.*", "baselines.*", // read by the baseline routers only

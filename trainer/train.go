@@ -336,13 +336,16 @@ type job struct {
 // rolloutEnv is env for the GRPO rollouts: the same prompt and protocol
 // but train.no_repeat_ngram in place of router.no_repeat_ngram, which
 // validation (and evaluation, serving) keep.
+// It decodes at most train.rollout_rows responses at once.
 func rolloutEnv(env *rollout.Env, tc config.Train) *rollout.Env {
-	if env.Router.NoRepeatNGram == tc.NoRepeatNGram {
+	if env.Router.NoRepeatNGram == tc.NoRepeatNGram && tc.RolloutRows == 0 {
 		return env
 	}
 	rc := env.Router
 	rc.NoRepeatNGram = tc.NoRepeatNGram
-	return env.WithPrompt(env.Prompt, rc)
+	e := env.WithPrompt(env.Prompt, rc)
+	e.MaxRows = tc.RolloutRows
+	return e
 }
 
 // stepResult is what a GRPO step leaves for the log.

@@ -77,8 +77,11 @@ func TestDryRunOfflineDefault(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// float32: weights, gradient sums, two AdamW moments and the KL reference (kl_coef > 0) at 4 bytes each.
-	want := []string{fmt.Sprintf("%d parameters", params), fmt.Sprintf("memory       %.3f GiB", float64(params*4*5)/(1<<30)),
+	// The memory plan per rank, phase by phase, float32 with the KL
+	// reference (kl_coef > 0), against this machine's MemTotal.
+	w := fmt.Sprintf("weights %.2f + KL reference %.2f + AdamW moments %.2f", float64(params*4)/(1<<30), float64(params*4)/(1<<30), float64(params*8)/(1<<30))
+	want := []string{fmt.Sprintf("%d parameters", params), "memory       per rank (1 rank(s), float32 on cpu",
+		"rollout ", "update ", "step ", w, "(MemTotal): fits",
 		"sim-factoid", "sim-multihop", "sim-small", "no problem found", "lr schedule  " + cfg.Train.DescribeLR()}
 	for _, ds := range []string{"nq", "hotpotqa"} {
 		one := cfg.Data
@@ -129,7 +132,8 @@ func TestDryRunEval(t *testing.T) {
 		t.Fatal(err)
 	}
 	params := weightCount(t, ck)
-	want := []string{fmt.Sprintf("memory       %.3f GiB = weights", float64(params*4)/(1<<30)), "knn skipped"}
+	want := []string{fmt.Sprintf("rollout  "), fmt.Sprintf("weights %.2f + KV cache", float64(params*4)/(1<<30)),
+		fmt.Sprintf("rollout %d rows", cfg.Eval.Batch), "(MemTotal): fits", "knn skipped"}
 	ood, err := data.Split("ood")
 	if err != nil {
 		t.Fatal(err)
@@ -148,11 +152,46 @@ func TestDryRunEval(t *testing.T) {
 			t.Errorf("summary lacks %q:\n%s", w, stdout)
 		}
 	}
-	if strings.Contains(stdout, "gradient") || strings.Contains(stdout, "nq ") {
+	if strings.Contains(stdout, "gradient") || strings.Contains(stdout, "update ") || strings.Contains(stdout, "nq ") {
 		t.Errorf("eval's summary holds training memory or in-domain test sets:\n%s", stdout)
 	}
 	if _, err := os.Stat(out); err == nil {
 		t.Error("the dry run created --out")
+	}
+}
+
+// A plan that does not fit the device is a problem naming the peak, the
+// device's memory and where that number came from; a GPU without
+// policy.device_memory gets the plan without a verdict.
+func TestDryRunMemoryVerdict(t *testing.T) {
+	ck := testpolicy.Micro(t, "../..", 1)
+	run := filepath.Join(t.TempDir(), "run")
+	for _, c := range []struct {
+		name string
+		sets []string
+		code int
+		want string
+	}{
+		{"too small", []string{"policy.device_memory=0.01"}, 2, "memory: peak "},
+		{"fits", []string{"policy.device_memory=64"}, 0, "(policy.device_memory): fits"},
+		{"gpu, unknown", []string{"policy.device=cuda"}, 0, "the device's memory is unknown: set policy.device_memory"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			args := []string{"train", "--config", "../../recal.toml", "--set", "policy.checkpoint=" + ck, "--dry-run", "--run-dir", run}
+			for _, s := range c.sets {
+				args = append(args, "--set", s)
+			}
+			code, stdout, stderr := runCLI(t, args...)
+			if code != c.code || !strings.Contains(stdout+stderr, c.want) {
+				t.Fatalf("exit status %d, want %d, and output with %q:\n%s\n%s", code, c.code, c.want, stdout, stderr)
+			}
+			if c.code == 2 {
+				got := problemLines(t, stderr)
+				if len(got) != 1 || !strings.Contains(got[0], "does NOT fit") || !strings.Contains(got[0], "of 0.01 GiB (policy.device_memory)") {
+					t.Errorf("problems %q; want one saying the plan does NOT fit 0.01 GiB (policy.device_memory)", got)
+				}
+			}
+		})
 	}
 }
 
@@ -200,9 +239,9 @@ func TestQwen2TensorsMatchPolicy(t *testing.T) {
 				want = append(want, fmt.Sprint(pr.Name, pr.Shape))
 			}
 			var n int64
-			for _, ts := range qwen2Tensors(cfg) {
-				got = append(got, fmt.Sprint(ts.name, ts.shape))
-				n += ts.numel()
+			for _, ts := range cfg.Params() {
+				got = append(got, fmt.Sprint(ts.Name, ts.Shape))
+				n += ts.Numel()
 			}
 			slices.Sort(want)
 			slices.Sort(got)
@@ -211,43 +250,6 @@ func TestQwen2TensorsMatchPolicy(t *testing.T) {
 			}
 			if n != p.NumParams() {
 				t.Errorf("dry run counts %d parameters, libtorch %d", n, p.NumParams())
-			}
-		})
-	}
-}
-
-// The paper's policy, Qwen2.5-3B-Instruct: 3.09 B parameters (2.77 B
-// without the embedding, as its model card says); bf16 training holds the
-// weights, one backward's gradients and the KL reference at 2 bytes a
-// parameter, the float32 gradient sums and master copy at 4 and AdamW's
-// moments at 8.
-func TestPlanMemoryQwen3B(t *testing.T) {
-	cfg := &hfmodel.Config{VocabSize: 151936, HiddenSize: 2048, IntermediateSize: 11008, NumHiddenLayers: 36,
-		NumAttentionHeads: 16, NumKeyValueHeads: 2, TieWordEmbeddings: true}
-	var n int64
-	for _, ts := range qwen2Tensors(cfg) {
-		n += ts.numel()
-	}
-	if n != 3085938688 || n-151936*2048 != 2774773760 {
-		t.Fatalf("%d parameters (%d without the embedding), want 3085938688 (2774773760)", n, n-151936*2048)
-	}
-	// PPO's reference follows ppo.kl_coef (its KL is in the reward), not
-	// train.kl_coef (GRPO's, in the loss).
-	cases := []struct {
-		name  string
-		train *config.Config
-		want  int64
-	}{
-		{"train, kl", &config.Config{Train: config.Train{KLCoef: 0.001}}, n * (2 + 4 + 2 + 4 + 8 + 2)},
-		{"train, no kl", &config.Config{}, n * (2 + 4 + 2 + 4 + 8)},
-		{"ppo, ppo.kl_coef only", &config.Config{Train: config.Train{Algorithm: "ppo"}, PPO: config.PPO{KLCoef: 0.001}}, n * (2 + 4 + 2 + 4 + 8 + 2)},
-		{"ppo, train.kl_coef only", &config.Config{Train: config.Train{Algorithm: "ppo", KLCoef: 0.1}}, n * (2 + 4 + 2 + 4 + 8)},
-		{"eval", nil, n * 2},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			if got := planMemory(n, config.Policy{DType: "bfloat16"}, c.train).total(); got != c.want {
-				t.Errorf("%d bytes, want %d: the KL reference counts when the algorithm's own coefficient is > 0", got, c.want)
 			}
 		})
 	}

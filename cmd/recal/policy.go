@@ -19,7 +19,7 @@ func policyCommand() *cli.Command {
 			Name:  "init",
 			Usage: "write a randomly initialised Qwen2-architecture checkpoint (Hugging Face format)",
 			Flags: []cli.Flag{
-				&cli.StringFlag{Name: "preset", Value: "tiny", Usage: "tiny (2 layers, hidden 128) or small (4 layers, hidden 256)"},
+				&cli.StringFlag{Name: "preset", Value: "tiny", Usage: "tiny (2 layers, hidden 128), small (4 layers, hidden 256), or the random-weight shapes qwen2.5-0.5b and qwen2.5-3b (for measuring memory and speed at scale)"},
 				&cli.StringFlag{Name: "tokenizer", Usage: "tokenizer.json, or a folder holding it and tokenizer_config.json"},
 				&cli.StringFlag{Name: "out", Usage: "output folder (replaced if it exists)"},
 				&cli.Uint64Flag{Name: "seed", Value: 0, Usage: "initialisation seed"},

@@ -248,11 +248,16 @@ func EOS(dir string, c *Config) ([]int64, error) {
 }
 
 // Presets are the Qwen2-architecture shapes `recal policy init` can create.
-// Both use Qwen2.5's vocabulary size and tie the output head to the
-// embedding, as Qwen2.5-3B does.
+// All use the vocabulary size they are given (Qwen2.5's by default) and tie
+// the output head to the embedding, as Qwen2.5-0.5B and -3B do. tiny and
+// small are the offline default's sizes; qwen2.5-0.5b and qwen2.5-3b are
+// those models' shapes (random weights), for measuring memory and speed at
+// the paper's scale.
 var Presets = map[string]Config{
-	"tiny":  {HiddenSize: 128, IntermediateSize: 384, NumHiddenLayers: 2, NumAttentionHeads: 4, NumKeyValueHeads: 2},
-	"small": {HiddenSize: 256, IntermediateSize: 768, NumHiddenLayers: 4, NumAttentionHeads: 8, NumKeyValueHeads: 2},
+	"tiny":         {HiddenSize: 128, IntermediateSize: 384, NumHiddenLayers: 2, NumAttentionHeads: 4, NumKeyValueHeads: 2},
+	"small":        {HiddenSize: 256, IntermediateSize: 768, NumHiddenLayers: 4, NumAttentionHeads: 8, NumKeyValueHeads: 2},
+	"qwen2.5-0.5b": {HiddenSize: 896, IntermediateSize: 4864, NumHiddenLayers: 24, NumAttentionHeads: 14, NumKeyValueHeads: 2},
+	"qwen2.5-3b":   {HiddenSize: 2048, IntermediateSize: 11008, NumHiddenLayers: 36, NumAttentionHeads: 16, NumKeyValueHeads: 2},
 }
 
 // Preset returns the full config of a preset for a vocabulary of vocab ids.

@@ -1,0 +1,381 @@
+package hfmodel
+
+import (
+	"fmt"
+	"strings"
+)
+
+// ParamShape is one parameter of a Qwen2 policy: its Hugging Face name and
+// shape.
+type ParamShape struct {
+	Name  string
+	Shape []int64
+}
+
+// Numel is the tensor's element count.
+func (t ParamShape) Numel() int64 {
+	n := int64(1)
+	for _, d := range t.Shape {
+		n *= d
+	}
+	return n
+}
+
+// Params lists the parameters a policy of c holds, with their Hugging Face
+// names and shapes (Qwen2ForCausalLM: biases on the q, k and v projections
+// only; no lm_head when the embedding is tied). It is the one list of the
+// model's shapes on the Go side: the dry run checks checkpoints against it
+// and the memory plan counts it.
+func (c *Config) Params() []ParamShape {
+	h, hd := c.HiddenSize, c.HeadDimension()
+	q, kv := c.NumAttentionHeads*hd, c.NumKeyValueHeads*hd
+	out := []ParamShape{{"model.embed_tokens.weight", []int64{c.VocabSize, h}}}
+	for i := range c.NumHiddenLayers {
+		l := fmt.Sprintf("model.layers.%d.", i)
+		out = append(out,
+			ParamShape{l + "input_layernorm.weight", []int64{h}},
+			ParamShape{l + "self_attn.q_proj.weight", []int64{q, h}},
+			ParamShape{l + "self_attn.q_proj.bias", []int64{q}},
+			ParamShape{l + "self_attn.k_proj.weight", []int64{kv, h}},
+			ParamShape{l + "self_attn.k_proj.bias", []int64{kv}},
+			ParamShape{l + "self_attn.v_proj.weight", []int64{kv, h}},
+			ParamShape{l + "self_attn.v_proj.bias", []int64{kv}},
+			ParamShape{l + "self_attn.o_proj.weight", []int64{h, q}},
+			ParamShape{l + "post_attention_layernorm.weight", []int64{h}},
+			ParamShape{l + "mlp.gate_proj.weight", []int64{c.IntermediateSize, h}},
+			ParamShape{l + "mlp.up_proj.weight", []int64{c.IntermediateSize, h}},
+			ParamShape{l + "mlp.down_proj.weight", []int64{h, c.IntermediateSize}},
+		)
+	}
+	out = append(out, ParamShape{"model.norm.weight", []int64{h}})
+	if !c.TieWordEmbeddings {
+		out = append(out, ParamShape{"lm_head.weight", []int64{c.VocabSize, h}})
+	}
+	return out
+}
+
+// NumParams is the parameter count of a policy of c.
+func (c *Config) NumParams() int64 {
+	var n int64
+	for _, t := range c.Params() {
+		n += t.Numel()
+	}
+	return n
+}
+
+// MemoryOptions describe the work whose memory PlanMemory plans, per rank.
+type MemoryOptions struct {
+	// DType is the policy's dtype: "float32" (or "") or "bfloat16".
+	DType string
+	// CUDA: the policy is on a GPU (libtorch's kernels decode; otherwise a
+	// float32 policy decodes by the row kernels of cgo/recal_rows.cc).
+	CUDA bool
+	// Train plans training (the optimizer, gradients and the update);
+	// otherwise only inference (evaluation, serving).
+	Train bool
+	// KLReference: a frozen copy of the policy for the KL term
+	// (config.Config.KLCoef > 0).
+	KLReference bool
+	// World is the number of data-parallel ranks (1: one process).
+	World int
+	// ShardOptimizer: the AdamW moments and master weights are sharded over
+	// the ranks (ZeRO-1; ignored with one rank).
+	ShardOptimizer bool
+	// Checkpointing: activation checkpointing per decoder layer.
+	Checkpointing bool
+	// MicroSeqs and SeqLen are a micro-batch's sequences and their padded
+	// length in tokens (the update's forward and backward).
+	MicroSeqs, SeqLen int
+	// MicroBatches is the backward calls a rank makes before the gradients
+	// are reduced and the optimizer steps (one micro-batch: the first
+	// backward's gradients become the sums; more: each later backward's
+	// gradients exist beside the sums until they are added in).
+	MicroBatches int
+	// HeadChunk is the tokens per output-head chunk in the loss (≤ 0: the
+	// bridge's default, 256).
+	HeadChunk int
+	// RolloutRows is the responses decoded at once (one KV cache row
+	// each), PromptLen a prompt's tokens and Capacity a row's positions
+	// (prompt and response).
+	RolloutRows, PromptLen, Capacity int
+	// BucketBytes is the size of the gradient all-reduce's buckets
+	// (dist.bucket_bytes; ≤ 0: 25 MiB).
+	BucketBytes int64
+	// Runtime is the memory of the process besides tensors (the libtorch
+	// and Go runtimes, code, allocator pools; on a GPU the CUDA context),
+	// counted in every phase.
+	Runtime int64
+}
+
+// CPURuntime is MemoryOptions.Runtime for recal on the CPU: the resident
+// memory of a process that has started libtorch (Debian's 1.13) and the Go
+// runtime, before any policy. bench/memory measures it ("runtime" in its
+// output: 0.15 GiB, 157.6 MiB, on the 2-core VM); this is that, rounded up.
+const CPURuntime = 160 << 20
+
+// CUDARuntime is MemoryOptions.Runtime on a GPU: the CUDA context and
+// libtorch's kernels loaded on the device, which take 0.5 to 1 GiB
+// depending on the card and the CUDA version (not measured here; no GPU).
+const CUDARuntime = 1 << 30
+
+// MemoryPart is one term of a phase's peak.
+type MemoryPart struct {
+	Name  string
+	Bytes int64
+}
+
+// MemoryPhase is the peak of one phase of the work, as the sum of its
+// terms.
+type MemoryPhase struct {
+	Name  string
+	Parts []MemoryPart
+}
+
+// Peak is the phase's peak in bytes.
+func (p MemoryPhase) Peak() int64 {
+	var t int64
+	for _, x := range p.Parts {
+		t += x.Bytes
+	}
+	return t
+}
+
+// Part is the bytes of the term named name (0 when the phase has none).
+func (p MemoryPhase) Part(name string) int64 {
+	for _, x := range p.Parts {
+		if x.Name == name {
+			return x.Bytes
+		}
+	}
+	return 0
+}
+
+// String is the peak with its terms, in GiB.
+func (p MemoryPhase) String() string {
+	var parts []string
+	for _, x := range p.Parts {
+		if x.Bytes > 0 {
+			parts = append(parts, fmt.Sprintf("%s %.2f", x.Name, GiB(x.Bytes)))
+		}
+	}
+	return fmt.Sprintf("%-7s %6.2f GiB = %s", p.Name, GiB(p.Peak()), strings.Join(parts, " + "))
+}
+
+// GiB converts bytes to GiB.
+func GiB(b int64) float64 { return float64(b) / (1 << 30) }
+
+// MemoryPlan is the peak memory per rank of each phase of a job.
+type MemoryPlan struct {
+	// Rollout: decoding (training rollouts, evaluation, serving).
+	Rollout MemoryPhase
+	// Update: the loss's forward and backward over one micro-batch
+	// (training only): the larger of its two moments, Head and
+	// BackwardEnd.
+	Update MemoryPhase
+	// Head is the update at the output head: every activation, the logits
+	// chunk or the backward's workspace, the head gradients. BackwardEnd is
+	// the update at the backward's end: its gradients and the head
+	// weight's.
+	Head, BackwardEnd MemoryPhase
+	// Step: the gradient all-reduce, the optimizer step and, sharded, the
+	// all-gather of the parameters (training only).
+	Step MemoryPhase
+}
+
+// Phases are the plan's phases in the order a step runs them (the
+// rollout's alone for inference).
+func (m MemoryPlan) Phases() []MemoryPhase {
+	if len(m.Update.Parts) == 0 {
+		return []MemoryPhase{m.Rollout}
+	}
+	return []MemoryPhase{m.Rollout, m.Update, m.Step}
+}
+
+// Peak is the largest phase's peak.
+func (m MemoryPlan) Peak() int64 {
+	var p int64
+	for _, ph := range m.Phases() {
+		p = max(p, ph.Peak())
+	}
+	return p
+}
+
+// PlanMemory plans the memory per rank of the work o describes for a policy
+// of c, phase by phase, from the shapes of the tensors the bridge
+// (cgo/recal_*.cc) allocates and when it frees them: what persists
+// (weights, the KL reference, the optimizer state and, for several ranks,
+// the gradient buckets), and what each phase adds at its peak. bench/memory
+// measures the update against this plan.
+func (c *Config) PlanMemory(o MemoryOptions) MemoryPlan {
+	es := int64(4)
+	if o.DType == "bfloat16" {
+		es = 2
+	}
+	world := int64(max(o.World, 1))
+	P := c.NumParams()
+	H, I, V, L := c.HiddenSize, c.IntermediateSize, c.VocabSize, c.NumHiddenLayers
+	hd := c.HeadDimension()
+	nh, kvh := c.NumAttentionHeads, c.NumKeyValueHeads
+	qd, kd := nh*hd, kvh*hd
+	share := P // optimizer elements this rank holds
+	sharded := o.Train && o.ShardOptimizer && world > 1
+	if sharded {
+		share = (P + world - 1) / world
+	}
+	largest := int64(0) // the largest parameter's elements (the step's temporaries)
+	for _, t := range c.Params() {
+		largest = max(largest, t.Numel())
+	}
+	largestShare := largest
+	if sharded {
+		largestShare = (largest + world - 1) / world
+	}
+
+	persist := []MemoryPart{{"runtime", o.Runtime}, {"weights", P * es}}
+	if o.Train && o.KLReference {
+		persist = append(persist, MemoryPart{"KL reference", P * es})
+	}
+	if o.Train {
+		persist = append(persist, MemoryPart{"AdamW moments", 2 * share * 4})
+		if es != 4 {
+			persist = append(persist, MemoryPart{"float32 master weights", share * 4})
+		}
+		if world > 1 { // kept (zeroed) between steps: the all-reduce runs on them in place
+			persist = append(persist, MemoryPart{"gradient buckets", P * 4})
+		}
+	}
+	with := func(name string, extra ...MemoryPart) MemoryPhase {
+		return MemoryPhase{Name: name, Parts: append(append([]MemoryPart{}, persist...), extra...)}
+	}
+
+	// Rollout: the KV cache and the first decode call's workspace (every
+	// row's prompt at once). The row kernels (float32 on the CPU) keep, per
+	// new token, the hidden state, its norm, the attention output, the
+	// residual, q, k, v, the attention's result and the MLP's gate and up
+	// activations, and per row the float32 logits and two vocabulary-sized
+	// sampling buffers. libtorch's kernels (bfloat16, CUDA) also hold a
+	// prompt's float32 attention scores and their probabilities.
+	rows, capacity, prompt := int64(max(o.RolloutRows, 0)), int64(max(o.Capacity, 0)), int64(max(o.PromptLen, 0))
+	kv := L * 2 * rows * kvh * capacity * hd * es
+	decode := rows * prompt * (4*H + 2*qd + 2*kd + 2*I) * 4
+	decode += rows * V * 4 * 3
+	if o.CUDA || es != 4 {
+		decode += rows * nh * prompt * prompt * (4 + es)
+	}
+	rollout := with("rollout", MemoryPart{"KV cache", kv}, MemoryPart{"decode workspace", decode})
+	if !o.Train {
+		return MemoryPlan{Rollout: rollout}
+	}
+
+	// Update. What autograd keeps per token and layer (cgo/recal_model.cc's
+	// decoder_layer): the two RMS norms' normalised inputs and outputs, the
+	// attention's residual sum and the layer's output (6H); q as projected,
+	// its rotate_half and its head-major copy, and the attention's output
+	// (4·q_dim); k as projected, its rotate_half and its head-major copy,
+	// and v's head-major copy (4·kv_dim); the MLP's gate, SiLU, up and
+	// product (4I). Per sequence and layer: the float32 attention
+	// probabilities [heads, T, T]. Besides the layers: the embedding's
+	// output, the final norm's two and the scored positions' hidden states
+	// (4H per token). With checkpointing, only each layer's output stays
+	// (the layers' inputs), and one layer's activations exist at a time,
+	// while the backward recomputes it.
+	S, T := int64(max(o.MicroSeqs, 0)), int64(max(o.SeqLen, 0))
+	N := S * T
+	perTok := 6*H + 4*qd + 4*kd + 4*I
+	layer := N*perTok*es + S*nh*T*T*4
+	acts := L*layer + 4*N*H*es
+	if o.Checkpointing {
+		acts = (L+4)*N*H*es + layer
+	}
+	// The backward's own tensors at its start: the gradients of one
+	// layer's activations, as large as those activations.
+	workspace := layer
+	chunk := int64(o.HeadChunk)
+	if chunk <= 0 {
+		chunk = 256
+	}
+	chunk = max(min(chunk, N), 0)
+	// The output head, fused and chunked (recal_train.cc's head): a chunk's
+	// float32 logits and their exponentials, the head weight's float32
+	// gradient of this backward, and dL/dh for every scored token.
+	logits := 2 * chunk * V * 4
+	headGrad := V*H*4 + N*H*es
+	// Gradients, and when the update peaks. The float32 sums exist before
+	// a backward starts when it is not the step's first micro-batch (one
+	// rank) and always with several ranks (the buckets, counted above). A
+	// backward's own gradients appear as it goes while the activations it
+	// consumes are freed, so they peak at its end, beside the head
+	// weight's gradient: a float32 first micro-batch's gradients become the
+	// sums (no copy); later ones exist beside the sums until they are
+	// added in; with buckets autograd adds into them directly except for
+	// the embedding (the output head's weight when tied), whose gradient
+	// is added by flush_grads; bfloat16 gradients always exist beside the
+	// float32 sums, and one rank's first micro-batch creates the sums from
+	// them. The update's peak is the larger of two moments: the head's
+	// (every activation, the logits chunk or, once autograd starts, the
+	// backward's workspace, the head gradients) and the backward's end
+	// (its gradients and the head weight's).
+	var before, fresh int64
+	if world == 1 && o.MicroBatches > 1 {
+		before = P * 4
+	}
+	switch {
+	case es != 4 && world == 1 && o.MicroBatches <= 1:
+		fresh = max(P*es, P*4-V*H*4) // the sums made from them, the embedding's into the head's
+	case es != 4:
+		fresh = P * es
+	case world > 1:
+		fresh = V * H * 4
+	default:
+		fresh = P * 4
+	}
+	head := []MemoryPart{{"gradient sums", before}, {"activations", acts}}
+	if logits >= workspace {
+		head = append(head, MemoryPart{"logits chunk", logits})
+	} else {
+		head = append(head, MemoryPart{"backward workspace", workspace})
+	}
+	head = append(head, MemoryPart{"head gradients", headGrad})
+	// The embedding's gradient, a dense [vocab, hidden] tensor, is made by
+	// its backward and then copied into .grad (autograd keeps what it
+	// cannot take over), so a second one exists for a moment at the end.
+	end := []MemoryPart{{"gradient sums", before}, {"backward's gradients", fresh}, {"head weight's gradient", V * H * 4},
+		{"embedding gradient's copy", V * H * es}}
+	hp, ep := with("update", head...), with("update", end...)
+	update := hp
+	if ep.Peak() > hp.Peak() {
+		update = ep
+	}
+
+	// Step: the sums, and in turn: the first step of several ranks copies
+	// them into the buckets, one bucket at a time (a bucket is at most
+	// bucket_bytes plus its last parameter); the optimizer's
+	// float32 temporaries (recal_train.cc's rc_policy_step, one parameter
+	// at a time: the whole gradient's square for the norm, then of the
+	// rank's share the clipped gradient, the second moment's square root
+	// and the denominator); sharded, for one round of the all-gather
+	// (about dist.bucket_bytes of parameters, whole ones), the send
+	// buffer, every rank's share (the policy's dtype), and c10d's own
+	// flat buffer of every rank's share, which its allgather fills before
+	// copying out (ProcessGroupGloo's and ProcessGroupNCCL's alike).
+	// These come one after the other, so the phase's peak holds the
+	// largest of them.
+	temp := MemoryPart{"optimizer temporaries", max(largest, 3*largestShare) * 4}
+	bucketBytes := o.BucketBytes
+	if bucketBytes <= 0 {
+		bucketBytes = 25 << 20
+	}
+	round := min(P, bucketBytes/es+largest) // a round of the all-gather holds whole parameters
+	if gather := (2*world + 1) * ((round + world - 1) / world) * es; sharded && gather > temp.Bytes {
+		temp = MemoryPart{"parameter all-gather", gather}
+	}
+	if bucket := bucketBytes + largest*4; world > 1 && bucket > temp.Bytes { // a bucket holds whole parameters
+		temp = MemoryPart{"first step's bucketing", bucket}
+	}
+	var sums int64 // the buckets hold them with several ranks
+	if world == 1 {
+		sums = P * 4
+	}
+	step := with("step", MemoryPart{"gradient sums", sums}, temp)
+	return MemoryPlan{Rollout: rollout, Update: update, Head: hp, BackwardEnd: ep, Step: step}
+}

@@ -1,0 +1,206 @@
+package hfmodel
+
+import (
+	"strings"
+	"testing"
+)
+
+func qwen3B(t *testing.T) *Config {
+	t.Helper()
+	c, err := Preset("qwen2.5-3b", 151936)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// The Qwen2.5-3B shape: 3,085,938,688 parameters, 2,774,773,760 without
+// the (tied) embedding, as the model card says.
+func TestNumParamsQwen3B(t *testing.T) {
+	c := qwen3B(t)
+	if n := c.NumParams(); n != 3085938688 || n-151936*2048 != 2774773760 {
+		t.Fatalf("%d parameters (%d without the embedding), want 3085938688 (2774773760)", n, n-151936*2048)
+	}
+}
+
+// Every term of the plan of the paper's setting on 4 GPUs, checked by hand
+// from the shapes: bfloat16, KL reference, ZeRO-1 over 4 ranks,
+// checkpointing, micro-batches of 4 sequences of 2,048 tokens (4 of them
+// per step), head chunks of 1,024 tokens, 64 rollout rows of 2,048
+// positions after 512-token prompts.
+func TestPlanMemoryQwen3BByHand(t *testing.T) {
+	c := qwen3B(t)
+	const (
+		P     = 3085938688
+		share = 771484672 // ⌈P/4⌉
+		gib   = 1 << 30
+	)
+	o := MemoryOptions{DType: "bfloat16", CUDA: true, Train: true, KLReference: true, World: 4, ShardOptimizer: true,
+		Checkpointing: true, MicroSeqs: 4, SeqLen: 2048, MicroBatches: 4, HeadChunk: 1024,
+		RolloutRows: 64, PromptLen: 512, Capacity: 2048, Runtime: gib}
+	p := c.PlanMemory(o)
+	persist := map[string]int64{
+		"runtime":                gib,
+		"weights":                P * 2,
+		"KL reference":           P * 2,
+		"AdamW moments":          share * 8,
+		"float32 master weights": share * 4,
+		"gradient buckets":       P * 4,
+	}
+	want := map[string]map[string]int64{
+		"rollout": {
+			// 36 layers × K and V × 64 rows × 2 heads × 2,048 positions × 128 × 2 bytes
+			"KV cache": 36 * 2 * 64 * 2 * 2048 * 128 * 2,
+			// per prompt token (4·2048 + 2·2048 + 2·256 + 2·11008) float32s, 3 float32
+			// vocabularies per row, a prompt's scores in float32 and bfloat16
+			"decode workspace": 64*512*(4*2048+2*2048+2*256+2*11008)*4 + 64*151936*4*3 + 64*16*512*512*6,
+		},
+		"head": {
+			// 36 layer outputs + embedding, final norm ×2, scored states, of 8,192 tokens × 2,048 × 2 bytes,
+			// plus one layer: (6·2048 + 4·2048 + 4·256 + 4·11008) × 8,192 × 2 bytes + 4 × 16 × 2048² float32
+			"activations": (36+4)*8192*2048*2 + (8192*(6*2048+4*2048+4*256+4*11008)*2 + 4*16*2048*2048*4),
+			// one layer's activations (2 GiB) over the logits chunk (2 × 1,024 × 151,936 float32s, 1.16 GiB)
+			"backward workspace": 8192*(6*2048+4*2048+4*256+4*11008)*2 + 4*16*2048*2048*4,
+			"head gradients":     151936*2048*4 + 8192*2048*2,
+		},
+		"end": {
+			"backward's gradients":   P * 2, // bfloat16, before they join the sums
+			"head weight's gradient": 151936 * 2048 * 4,
+			// the embedding's bfloat16 gradient as its backward makes it, before .grad takes a copy
+			"embedding gradient's copy": 151936 * 2048 * 2,
+		},
+		"step": {
+			"gradient sums": 0,
+			// the largest of the moments one after the other: the all-gather's
+			// largest round (25 MiB of bfloat16 parameters and the embedding,
+			// 324,272,128 elements: its send buffer, 4 quarter shares and c10d's
+			// flat copy of them, 1.46 GB), over the first step's copy of the
+			// sums into the buckets, one bucket at a time (25 MiB and the
+			// float32 embedding, 1.27 GB) and the optimizer's three float32
+			// quarters of the embedding (0.93 GB)
+			"parameter all-gather": 9 * ((25<<20/2 + 151936*2048) / 4) * 2,
+		},
+	}
+	for _, ph := range []MemoryPhase{p.Rollout, p.Head, p.BackwardEnd, p.Step} {
+		name := ph.Name
+		switch {
+		case ph.Name == "update" && ph.Part("activations") > 0:
+			name = "head"
+		case ph.Name == "update":
+			name = "end"
+		}
+		w := want[name]
+		if w == nil {
+			t.Fatalf("unexpected phase %q", ph.Name)
+		}
+		var total int64
+		for name, b := range persist {
+			if got := ph.Part(name); got != b {
+				t.Errorf("%s: %s = %d bytes, want %d", ph.Name, name, got, b)
+			}
+			total += b
+		}
+		for name, b := range w {
+			if got := ph.Part(name); got != b {
+				t.Errorf("%s: %s = %d bytes, want %d", ph.Name, name, got, b)
+			}
+			total += b
+		}
+		if ph.Peak() != total {
+			t.Errorf("%s: peak %d, want the sum of its terms %d (a term the test does not know: %s)", ph.Name, ph.Peak(), total, ph)
+		}
+	}
+	if p.Update.Peak() != max(p.Head.Peak(), p.BackwardEnd.Peak()) {
+		t.Errorf("update %d, want the larger of the head's %d and the backward's end's %d", p.Update.Peak(), p.Head.Peak(), p.BackwardEnd.Peak())
+	}
+}
+
+// Settings a user can get wrong give a sensible plan: no negative or
+// zero-sized term where there is work, sharding that does nothing with one
+// rank, a chunk no larger than the micro-batch.
+func TestPlanMemoryHostileSettings(t *testing.T) {
+	c := qwen3B(t)
+	base := MemoryOptions{DType: "float32", Train: true, World: 1, MicroSeqs: 2, SeqLen: 100, MicroBatches: 1,
+		HeadChunk: 256, RolloutRows: 8, PromptLen: 50, Capacity: 100}
+	const P = 3085938688
+	for _, tc := range []struct {
+		name  string
+		edit  func(*MemoryOptions)
+		check func(t *testing.T, p MemoryPlan)
+	}{
+		{"chunk 0 is the bridge's 256", func(o *MemoryOptions) { o.MicroSeqs = 1; o.SeqLen = 300; o.HeadChunk = 0 }, func(t *testing.T, p MemoryPlan) {
+			if got := p.Head.Part("logits chunk"); got != 2*256*151936*4 {
+				t.Errorf("logits chunk %d, want 256 tokens' (the bridge's default)", got)
+			}
+		}},
+		{"chunk larger than the micro-batch is one chunk", func(o *MemoryOptions) { o.HeadChunk = 1 << 20 }, func(t *testing.T, p MemoryPlan) {
+			if got := p.Head.Part("logits chunk"); got != 2*200*151936*4 {
+				t.Errorf("logits chunk %d, want the micro-batch's 200 tokens'", got)
+			}
+		}},
+		{"sharding with one rank shards nothing", func(o *MemoryOptions) { o.ShardOptimizer = true }, func(t *testing.T, p MemoryPlan) {
+			if got := p.Update.Part("AdamW moments"); got != P*8 {
+				t.Errorf("moments %d, want all of them (%d) on the only rank", got, int64(P*8))
+			}
+			if p.Update.Part("gradient buckets") != 0 {
+				t.Error("one rank has no all-reduce buckets")
+			}
+		}},
+		{"a world that does not divide the parameters rounds the share up", func(o *MemoryOptions) { o.World = 3; o.ShardOptimizer = true }, func(t *testing.T, p MemoryPlan) {
+			share := int64((P + 2) / 3)
+			if share*3 == P {
+				t.Fatal("the test wants a world that does not divide P")
+			}
+			if got := p.Update.Part("AdamW moments"); got != share*8 {
+				t.Errorf("moments %d, want ⌈P/3⌉·8 = %d", got, share*8)
+			}
+		}},
+		{"world 0 is one process", func(o *MemoryOptions) { o.World = 0 }, func(t *testing.T, p MemoryPlan) {
+			if p.Step.Part("gradient sums") != P*4 || p.Update.Part("gradient buckets") != 0 {
+				t.Errorf("world 0: %s; want one process's gradient sums", p.Update)
+			}
+		}},
+		{"negative sizes count as none", func(o *MemoryOptions) { o.MicroSeqs = -3; o.RolloutRows = -1; o.PromptLen = -5 }, func(t *testing.T, p MemoryPlan) {
+			for _, ph := range p.Phases() {
+				for _, x := range ph.Parts {
+					if x.Bytes < 0 {
+						t.Errorf("%s: %s = %d < 0", ph.Name, x.Name, x.Bytes)
+					}
+				}
+			}
+		}},
+		{"inference has only the rollout", func(o *MemoryOptions) { o.Train = false; o.KLReference = true }, func(t *testing.T, p MemoryPlan) {
+			if len(p.Phases()) != 1 || p.Rollout.Part("KL reference") != 0 || p.Rollout.Part("AdamW moments") != 0 {
+				t.Errorf("inference plan %v; want the rollout alone, without training state", p.Phases())
+			}
+		}},
+		{"checkpointing keeps less", func(o *MemoryOptions) { o.Checkpointing = true }, func(t *testing.T, p MemoryPlan) {
+			plain := c.PlanMemory(base)
+			if p.Head.Part("activations") >= plain.Head.Part("activations") {
+				t.Errorf("activations with checkpointing %d ≥ without %d", p.Head.Part("activations"), plain.Head.Part("activations"))
+			}
+		}},
+		{"more micro-batches keep a backward's gradients beside the sums", func(o *MemoryOptions) { o.MicroBatches = 3 }, func(t *testing.T, p MemoryPlan) {
+			if got, sums := p.BackwardEnd.Part("backward's gradients"), p.BackwardEnd.Part("gradient sums"); got != P*4 || sums != P*4 {
+				t.Errorf("backward's gradients %d beside sums %d, want P·4 = %d each", got, sums, int64(P*4))
+			}
+		}},
+		{"one micro-batch's gradients become the sums", func(o *MemoryOptions) {}, func(t *testing.T, p MemoryPlan) {
+			if got, sums := p.BackwardEnd.Part("backward's gradients"), p.BackwardEnd.Part("gradient sums"); got != P*4 || sums != 0 {
+				t.Errorf("backward's gradients %d beside sums %d, want P·4 = %d and none", got, sums, int64(P*4))
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := base
+			tc.edit(&o)
+			p := c.PlanMemory(o)
+			tc.check(t, p)
+			for _, ph := range p.Phases() {
+				if s := ph.String(); !strings.HasPrefix(s, ph.Name) || strings.Contains(s, "NaN") || strings.Contains(s, " -") {
+					t.Errorf("phase prints as %q", s)
+				}
+			}
+		})
+	}
+}
