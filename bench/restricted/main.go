@@ -57,7 +57,7 @@ type result struct {
 	Right         int            `json:"right"`     // responses that called a model of Models (unrestricted: any pool model)
 	Share         float64        `json:"share"`     // Right / Questions
 	Called        map[string]int `json:"called"`    // responses that called each model (a call made)
-	Unknown       map[string]int `json:"unknown"`   // responses that wrote each name it may not call (no call made)
+	Unknown       map[string]int `json:"unknown"`   // responses that wrote each name it may not call (no call made), cut to 16 bytes
 	NoCall        int            `json:"no_call"`   // responses without any <search>
 	Errors        int            `json:"errors"`    // requests that failed
 	FirstErr      string         `json:"first_error,omitempty"`
@@ -203,7 +203,7 @@ func measure(client *http.Client, base, router string, qs []data.Example, models
 				r.Called[m]++
 			}
 			for m := range unknown {
-				r.Unknown[m]++
+				r.Unknown[short(m)]++
 			}
 			if len(trace) == 0 {
 				r.NoCall++
@@ -268,6 +268,16 @@ func getJSON(client *http.Client, url string, v any) error {
 	return json.NewDecoder(resp.Body).Decode(v)
 }
 
+// short cuts a name the policy wrote to 16 bytes (a derailed copy can
+// write a whole question as the model's name).
+func short(s string) string {
+	if len(s) <= 16 {
+		return s
+	}
+	return strings.ToValidUTF8(s[:16], "") + "…"
+}
+
+// counts lists m's largest counts, at most 4, then how many others.
 func counts(m map[string]int) string {
 	if len(m) == 0 {
 		return "-"
@@ -276,10 +286,18 @@ func counts(m map[string]int) string {
 	for k := range m {
 		keys = append(keys, k)
 	}
-	sort.Strings(keys)
-	parts := make([]string, len(keys))
+	sort.Slice(keys, func(i, j int) bool { return m[keys[i]] > m[keys[j]] || m[keys[i]] == m[keys[j]] && keys[i] < keys[j] })
+	var parts []string
+	rest := 0
 	for i, k := range keys {
-		parts[i] = fmt.Sprintf("%s %d", k, m[k])
+		if i < 4 {
+			parts = append(parts, fmt.Sprintf("`%s` %d", k, m[k]))
+		} else {
+			rest += m[k]
+		}
+	}
+	if rest > 0 {
+		parts = append(parts, fmt.Sprintf("%d others", rest))
 	}
 	return strings.Join(parts, ", ")
 }
