@@ -271,6 +271,7 @@ func getJSON(client *http.Client, url string, v any) error {
 // short cuts a name the policy wrote to 16 bytes (a derailed copy can
 // write a whole question as the model's name).
 func short(s string) string {
+	s = strings.Join(strings.Fields(s), " ") // one line in the table
 	if len(s) <= 16 {
 		return s
 	}
