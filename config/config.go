@@ -126,6 +126,21 @@ type Train struct {
 	// triples, "talk talk talk", which a 3-gram ban allows) and was
 	// well-formed less often at evaluation than one trained without it.
 	NoRepeatNGram int `toml:"no_repeat_ngram"`
+	// ModelSubsets is the share, in [0, 1], of training questions whose
+	// GRPO (or PPO) prompt lists a random non-empty subset of the pool in a
+	// random order instead of every model in the pool's order; the
+	// question's responses may call only the listed models (a <search>
+	// naming another is an unknown model: a failure observation, no call,
+	// not well formed), as `recal serve` treats a model outside a request's
+	// recal.models. The draw (a size uniform in 1..K, then the members and
+	// their order) is a pure function of (train.seed, step, question id),
+	// so the G responses of a group share it and data-parallel ranks,
+	// rollout workers and --resume give the same run bit for bit. 0 = off
+	// (every prompt lists the full pool, as before the key). Validation,
+	// evaluation, serving's unrestricted requests and the SFT warm-up
+	// always list the full pool. The load-balance counts stay over the
+	// whole pool (docs/training.md, "Model subsets").
+	ModelSubsets float64 `toml:"model_subsets"`
 	// EMADecay is α of the load-balance reward's routing counts.
 	EMADecay float64 `toml:"ema_decay"`
 	// CheckpointEvery saves checkpoints/step-N every this many steps (and at
@@ -533,6 +548,7 @@ func (c *Config) Validate() error {
 		{t.AdamEps <= 0, "train.adam_eps must be > 0"},
 		{t.ClipEps <= 0 || t.ClipEps >= 1, fmt.Sprintf("train.clip_eps = %g: must be in (0, 1)", t.ClipEps)},
 		{t.KLCoef < 0, "train.kl_coef must be ≥ 0"},
+		{!(t.ModelSubsets >= 0 && t.ModelSubsets <= 1), fmt.Sprintf("train.model_subsets = %g: must be a share in [0, 1] (0 = every prompt lists the full pool)", t.ModelSubsets)},
 		{t.EMADecay < 0 || t.EMADecay > 1, fmt.Sprintf("train.ema_decay = %g: must be in [0, 1]", t.EMADecay)},
 		{t.CheckpointEvery < 1, "train.checkpoint_every must be ≥ 1"},
 		{t.ValidateEvery < 0, "train.validate_every must be ≥ 0"},

@@ -94,6 +94,13 @@ provider = "openai"
 			check: func(c Config) bool { return c.PPO.KLCoef == 0.001 && c.KLCoef() == 0.001 && c.Train.KLCoef == 0.1 }},
 		{name: "ppo.kl_coef set", text: base, sets: []string{"ppo.kl_coef=0.05"},
 			check: func(c Config) bool { return c.PPO.KLCoef == 0.05 && c.KLCoef() == c.Train.KLCoef }},
+		{name: "model subsets off by default", text: base, check: func(c Config) bool { return c.Train.ModelSubsets == 0 }},
+		{name: "model subsets on every question", text: base, sets: []string{"train.model_subsets=1"}, check: func(c Config) bool { return c.Train.ModelSubsets == 1 }},
+		{name: "model subsets on half", text: base, sets: []string{"train.model_subsets=0.5"}, check: func(c Config) bool { return c.Train.ModelSubsets == 0.5 }},
+		{name: "model subsets above 1", text: base, sets: []string{"train.model_subsets=1.5"}, wantErr: "train.model_subsets = 1.5"},
+		{name: "negative model subsets", text: base, sets: []string{"train.model_subsets=-0.1"}, wantErr: "train.model_subsets = -0.1"},
+		{name: "model subsets NaN", text: base, sets: []string{"train.model_subsets=nan"}, wantErr: "train.model_subsets = NaN"},
+		{name: "model subsets not a number", text: base, sets: []string{"train.model_subsets=yes"}, wantErr: "train.model_subsets"},
 		{name: "negative ppo.kl_coef", text: base, sets: []string{"ppo.kl_coef=-0.1"}, wantErr: "ppo.kl_coef = -0.1"},
 	}
 	for _, c := range cases {

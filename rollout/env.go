@@ -34,8 +34,14 @@ type Env struct {
 	// freed before the next. Each response samples as in one round.
 	MaxRows int
 
-	mu      sync.Mutex
-	prompts map[string][]int32 // prompt tokens by question id
+	// ModelSubsets is train.model_subsets for the training rollouts
+	// (RollRows; 0 elsewhere): the share of questions whose prompt lists a
+	// random subset of the pool (ModelSubset).
+	ModelSubsets float64
+
+	mu            sync.Mutex
+	prompts       map[string][]int32        // prompt tokens by question id (and subset)
+	subsetPrompts map[string]*router.Prompt // prompts by the subset they list
 }
 
 // AnswerBank collects golden answers per dataset, from which simulated pool
@@ -121,7 +127,9 @@ func (e *Env) Roll(ctx context.Context, qs []data.Example, g int, s generate.Sam
 // RollRows is Roll for the responses [first, first+len(qs)·g) of a larger
 // batch: each samples what response first+k of that batch would (see
 // Decoder.RowBase), so a data-parallel rank rolls out its share exactly as
-// one process rolls out the whole batch. It decodes on e.DecodeThreads
+// one process rolls out the whole batch. In a training environment with
+// train.model_subsets, a question's prompt and the models its g responses
+// may call are ModelSubset's for seed and its id. It decodes on e.DecodeThreads
 // threads and restores the count before it returns; with log-probs on one
 // thread, e.RolloutWorkers threads decode shares of the rows at once.
 func (e *Env) RollRows(ctx context.Context, qs []data.Example, g int, s generate.Sampling, seed uint64, logp bool, first int) (out []router.Sample, st router.Stats, err error) {
@@ -145,13 +153,13 @@ func (e *Env) RollRows(ctx context.Context, qs []data.Example, g int, s generate
 	var jobs []router.Job
 	longest := 0
 	for _, q := range qs {
-		p, err := e.PromptTokens(q)
+		p, models, _, err := e.RowPrompt(q, seed)
 		if err != nil {
 			return nil, router.Stats{}, err
 		}
 		longest = max(longest, len(p))
 		for range g {
-			jobs = append(jobs, router.Job{Question: Question(q), Prompt: p})
+			jobs = append(jobs, router.Job{Question: Question(q), Prompt: p, Models: models})
 		}
 	}
 	capacity := min(longest+e.Router.Capacity(), e.Engine.CtxLen)

@@ -131,6 +131,11 @@ const UnknownModelText = "[router: unknown model %q; the pool has: %s]"
 type Job struct {
 	Question llmpool.Question
 	Prompt   []int32
+	// Models are the pool models Rollout lets the response call (its
+	// RowOptions.Models: nil means every pool model, another name is an
+	// unknown model); the prompt should list exactly these. Engine.Submit
+	// reads RowOptions.Models instead.
+	Models []string
 }
 
 // Sample is one finished response.
@@ -209,7 +214,7 @@ func Rollout(ctx context.Context, dec generate.Decoder, tok Tokenizer, pool Pool
 	}
 	ps := make([]*Pending, len(jobs))
 	for i, j := range jobs {
-		if ps[i], err = e.Submit(ctx, j, RowOptions{Sampling: s}); err != nil {
+		if ps[i], err = e.Submit(ctx, j, RowOptions{Sampling: s, Models: j.Models}); err != nil {
 			return nil, Stats{}, fmt.Errorf("router: job %d: %w", i, err)
 		}
 	}

@@ -295,3 +295,51 @@ func TestRolloutHugeReply(t *testing.T) {
 		t.Errorf("the block holds %d tokens; want the full %d (the test needs a reply longer than the cut)", len(want), cfg.InfoTokens)
 	}
 }
+
+// A Job's Models restrict what Rollout lets its response call, as
+// RowOptions.Models does for Engine.Submit (train.model_subsets): a
+// <search> naming a pool model outside them is an unknown model, with no
+// pool call.
+func TestRolloutJobModels(t *testing.T) {
+	tok := loadTok(t)
+	q := llmpool.Question{ID: "nq/1", Dataset: "nq", Text: "What is the capital of France?", Golden: []string{"Paris"}}
+	cases := []struct {
+		name    string
+		models  []string
+		calls   []string // pool models called
+		unknown bool     // the <search> got the unknown-model observation
+	}{
+		{"every model", nil, []string{"sim-b"}, false},
+		{"the model written listed", []string{"sim-b"}, []string{"sim-b"}, false},
+		{"listed in another spelling", []string{"SIM-B", "sim-a"}, []string{"sim-b"}, false},
+		{"the model written not listed", []string{"sim-a"}, nil, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			pool := simPool(t, 0)
+			dec := &forced{tok: tok, queue: map[int][]int32{}, turn: map[int]int{}, fed: map[int][][]int32{}, turns: map[int][]string{
+				0: {"<think>a</think><search>sim-b: capital of France</search>", "<think>b</think><answer>Paris</answer>"},
+			}}
+			jobs := []Job{{Question: q, Prompt: []int32{1, 2, 3}, Models: c.models}}
+			out, _, err := Rollout(context.Background(), dec, tok, pool, Config{MaxTurns: 2, TurnTokens: 24, InfoTokens: 32}, jobs,
+				generate.Sampling{}, []int32{int32(tok.EOS())}, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := out[0]
+			if !slices.Equal(s.CalledModels(), c.calls) {
+				t.Errorf("called %v, want %v: a response may call only its job's models", s.CalledModels(), c.calls)
+			}
+			var made int64
+			for _, u := range pool.Usage() {
+				made += u.Calls
+			}
+			if want := int64(len(c.calls)); made != want {
+				t.Errorf("%d pool calls, want %d: an unlisted model must not be called", made, want)
+			}
+			if len(s.Calls) != 1 || s.Calls[0].Unknown != c.unknown || c.unknown && !strings.Contains(s.Calls[0].Reply, "unknown model") {
+				t.Errorf("call records %+v, want one with Unknown %v", s.Calls, c.unknown)
+			}
+		})
+	}
+}

@@ -208,5 +208,3 @@ func helperZeROResume(t *testing.T, ctx context.Context, g *torchbridge.ProcessG
 		}
 	}
 }
-
-

@@ -122,7 +122,9 @@ func TestTrainDataParallel(t *testing.T) {
 		t.Fatal(err)
 	}
 	ck := microCheckpoint(t)
-	sets := []string{"train.steps=4", "train.checkpoint_every=1"}
+	// Every prompt lists a random subset of the pool (train.model_subsets):
+	// the ranks draw what one process draws.
+	sets := []string{"train.steps=4", "train.checkpoint_every=1", "train.model_subsets=1"}
 	ranksWith := func(t *testing.T, run string, sets []string, env ...string) ([]error, []string, time.Duration) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

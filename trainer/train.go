@@ -335,16 +335,18 @@ type job struct {
 
 // rolloutEnv is env for the GRPO rollouts: the same prompt and protocol
 // but train.no_repeat_ngram in place of router.no_repeat_ngram, which
-// validation (and evaluation, serving) keep.
-// It decodes at most train.rollout_rows responses at once.
+// validation (and evaluation, serving) keep, and train.model_subsets, which
+// they never use (they list the full pool). It decodes at most
+// train.rollout_rows responses at once.
 func rolloutEnv(env *rollout.Env, tc config.Train) *rollout.Env {
-	if env.Router.NoRepeatNGram == tc.NoRepeatNGram && tc.RolloutRows == 0 {
+	if env.Router.NoRepeatNGram == tc.NoRepeatNGram && tc.RolloutRows == 0 && tc.ModelSubsets == 0 {
 		return env
 	}
 	rc := env.Router
 	rc.NoRepeatNGram = tc.NoRepeatNGram
 	e := env.WithPrompt(env.Prompt, rc)
 	e.MaxRows = tc.RolloutRows
+	e.ModelSubsets = tc.ModelSubsets
 	return e
 }
 
@@ -392,11 +394,13 @@ func (j *job) step(ctx context.Context) (*stepResult, error) {
 	for k := 0; k < len(local) && !interrupted; k++ {
 		i := lo + k
 		q := qs[i/tc.GroupSize]
-		rw := router.Score(&local[k], q.Golden, j.cfg.Router.MaxTurns, env.Known, st.Balance)
-		prompt, err := env.PromptTokens(q)
+		// The prompt and the model names RollRows gave the response
+		// (train.model_subsets): a name it was not shown is not well formed.
+		prompt, _, known, err := j.rollEnv.RowPrompt(q, stepSeed(tc.Seed, step))
 		if err != nil {
 			return nil, err
 		}
+		rw := router.Score(&local[k], q.Golden, j.cfg.Router.MaxTurns, known, st.Balance)
 		seqs[i] = sequence(prompt, local[k], 0)
 		mine.Rows = append(mine.Rows, record(local[k], rw, policyTokens(seqs[i])))
 	}

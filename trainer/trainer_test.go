@@ -160,9 +160,10 @@ func TestResumeMatchesUninterrupted(t *testing.T) {
 		{"constant lr", []string{"train.checkpoint_every=1"}},
 		// Validation every step and checkpoints every third: each new best
 		// is a checkpoint of its own; the interruption after step 2 falls
-		// inside the cosine decay.
-		{"cosine after a warm-up, best between checkpoints", []string{"train.lr_schedule=cosine", "train.warmup_steps=1",
-			"train.min_lr_ratio=0.1", "train.checkpoint_every=3", "train.validate_every=1"}},
+		// inside the cosine decay; half the prompts list a random subset
+		// of the pool (train.model_subsets).
+		{"cosine after a warm-up, best between checkpoints, model subsets", []string{"train.lr_schedule=cosine", "train.warmup_steps=1",
+			"train.min_lr_ratio=0.1", "train.checkpoint_every=3", "train.validate_every=1", "train.model_subsets=0.5"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -551,7 +552,7 @@ func TestRolloutWorkers(t *testing.T) {
 	runs := map[int]string{}
 	for _, w := range []int{1, 2, 3} {
 		runs[w] = filepath.Join(t.TempDir(), fmt.Sprint("workers", w))
-		cfg := testConfig(t, ck, "train.steps=3", "train.checkpoint_every=3", "train.group_size=3",
+		cfg := testConfig(t, ck, "train.steps=3", "train.checkpoint_every=3", "train.group_size=3", "train.model_subsets=1",
 			"policy.decode_threads=1", fmt.Sprintf("policy.rollout_workers=%d", w))
 		before := torchbridge.ParallelCalls()
 		if err := trainer.Train(context.Background(), cfg, trainer.Options{RunDir: runs[w]}); err != nil {
@@ -563,7 +564,7 @@ func TestRolloutWorkers(t *testing.T) {
 	}
 	compareRuns(t, runs[1], runs[2], match{exactUpTo: 3, weights: map[string]float64{"last": 0}})
 	compareRuns(t, runs[1], runs[3], match{exactUpTo: 3, weights: map[string]float64{"last": 0}})
-	more := testConfig(t, ck, "train.steps=4", "train.checkpoint_every=3", "train.group_size=3",
+	more := testConfig(t, ck, "train.steps=4", "train.checkpoint_every=3", "train.group_size=3", "train.model_subsets=1",
 		"policy.decode_threads=1", "policy.rollout_workers=1")
 	if err := trainer.Train(context.Background(), more, trainer.Options{RunDir: runs[2], Resume: true}); err != nil {
 		t.Errorf("resume with another policy.rollout_workers: %v", err)
