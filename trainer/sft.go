@@ -38,8 +38,10 @@ type Demo struct {
 }
 
 // BuildDemos asks, for each question, a pool model chosen uniformly by a hash
-// of (seed, question) with the question itself, and writes the
-// demonstration: think, search, the reply as information, answer.
+// of (seed, question) among the models its prompt lists (every pool model,
+// or with env.ModelSubsets the subset Env.RowPrompt draws for seed), with
+// the question itself, and writes the demonstration: think, search, the
+// reply as information, answer.
 // The answer is the golden answer the reply contains, else the reply's text
 // after "answer is", else its first words. The mask is 1 on the think and
 // search turn and answerWeight on the answer turn (0 on prompt and reply).
@@ -48,12 +50,29 @@ func BuildDemos(ctx context.Context, env *rollout.Env, qs []data.Example, seed i
 	if len(models) == 0 {
 		return nil, fmt.Errorf("trainer: sft: the pool has no models")
 	}
+	names := make([]string, len(models))
+	for i, m := range models {
+		names[i] = m.Name
+	}
 	reqs := make([]llmpool.Request, len(qs))
+	prompts := make([][]int32, len(qs))
 	for i, q := range qs {
+		// With env.ModelSubsets (train.model_subsets) the prompt lists a
+		// random subset of the pool and the demonstration calls one of
+		// the models listed, so the warm-up teaches to name a model of
+		// the list the prompt gives; otherwise every model is listed.
+		prompt, listed, _, err := env.RowPrompt(q, uint64(seed))
+		if err != nil {
+			return nil, err
+		}
+		if listed == nil {
+			listed = names
+		}
+		prompts[i] = prompt
 		h := fnv.New64a()
 		fmt.Fprintf(h, "%d/%s", seed, q.ID)
 		qq := rollout.Question(q)
-		reqs[i] = llmpool.Request{Model: models[h.Sum64()%uint64(len(models))].Name, Query: q.Question, Question: &qq}
+		reqs[i] = llmpool.Request{Model: listed[h.Sum64()%uint64(len(listed))], Query: q.Question, Question: &qq}
 	}
 	replies := env.Pool.CallBatch(ctx, reqs)
 	if err := ctx.Err(); err != nil {
@@ -62,10 +81,7 @@ func BuildDemos(ctx context.Context, env *rollout.Env, qs []data.Example, seed i
 	tok := env.Engine.Tok
 	var out []Demo
 	for i, q := range qs {
-		prompt, err := env.PromptTokens(q)
-		if err != nil {
-			return nil, err
-		}
+		prompt := prompts[i]
 		answer, correct := demoAnswer(replies[i].Text, q.Golden)
 		// The question, the reply and the answer drawn from it are plain
 		// text: "<|im_end|>" in them is never a control token.
@@ -122,8 +138,13 @@ type SFTLine struct {
 // of format demonstrations (BuildDemos), fitted by FitDemos, data-parallel
 // over the ranks of r.
 func runSFT(ctx context.Context, cfg config.Config, env *rollout.Env, r ranks, train []data.Example, run *runDir, log *slog.Logger) error {
+	denv := env
+	if cfg.Train.ModelSubsets > 0 { // the warm-up's prompts list subsets as GRPO's do
+		denv = env.WithPrompt(env.Prompt, env.Router)
+		denv.ModelSubsets = cfg.Train.ModelSubsets
+	}
 	build := func(step int, qs []data.Example) ([]Demo, error) {
-		return BuildDemos(ctx, env, qs, cfg.Train.Seed+int64(step), float32(cfg.SFT.AnswerWeight))
+		return BuildDemos(ctx, denv, qs, cfg.Train.Seed+int64(step), float32(cfg.SFT.AnswerWeight))
 	}
 	return fitShared(ctx, cfg, env.Engine.Policy, r, train, "sft", build, run.logSFT, log)
 }

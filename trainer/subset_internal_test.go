@@ -1,6 +1,7 @@
 package trainer
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -208,4 +209,76 @@ func toInts(v []int32) []int {
 		out[i] = int(x)
 	}
 	return out
+}
+
+// Under train.model_subsets the warm-up's demonstrations list a subset as
+// GRPO's prompts do and call a model of that list: a demonstration that
+// named an unlisted model would teach the policy to ignore the list. Without
+// the key every demonstration lists the full pool.
+func TestDemosCallListedModels(t *testing.T) {
+	cfg, err := config.Load("../recal.toml", []string{"pool.cache=off"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := llmpool.New(cfg.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pool.Close() })
+	tok, err := tokenizer.Load("../tokenizer/qwen2.5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt, err := router.NewPrompt(cfg.Router.PromptTemplate, pool.Models(), cfg.Router.MaxTurns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := (&rollout.Env{Engine: &rollout.Engine{Tok: tok, CtxLen: 8192}, Pool: pool}).WithPrompt(prompt, cfg.Router)
+	sub := env.WithPrompt(env.Prompt, env.Router)
+	sub.ModelSubsets = 1
+	var qs []data.Example
+	for i := range 24 {
+		qs = append(qs, data.Example{ID: fmt.Sprintf("nq/%d", i), Dataset: "nq", Question: fmt.Sprintf("who wrote song number %d", i), Golden: []string{"x"}})
+	}
+	const seed = 11
+	for _, c := range []struct {
+		name       string
+		env        *rollout.Env
+		restricted bool
+	}{{"full pool", env, false}, {"subsets", sub, true}} {
+		t.Run(c.name, func(t *testing.T) {
+			demos, err := BuildDemos(context.Background(), c.env, qs, seed, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			alone := 0
+			for i, d := range demos {
+				want, listed, _, err := c.env.RowPrompt(qs[i], seed)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if (listed != nil) != c.restricted && len(listed) != len(pool.Models()) {
+					t.Errorf("%s: listed %v", qs[i].ID, listed)
+				}
+				if listed == nil {
+					listed = modelNames(pool.Models())
+				}
+				if len(listed) == 1 {
+					alone++
+				}
+				if !slices.Equal(d.Tokens[:len(want)], want) {
+					t.Fatalf("%s: the demonstration's prompt is not the prompt listing %v", qs[i].ID, listed)
+				}
+				text := tok.Decode(toInts(d.Tokens[len(want):]))
+				_, rest, ok := strings.Cut(text, router.SearchOpen)
+				name, _, ok2 := strings.Cut(rest, ":")
+				if !ok || !ok2 || !slices.Contains(listed, name) {
+					t.Errorf("%s: the demonstration calls %q, not a model of its prompt's list %v (%q)", qs[i].ID, name, listed, text)
+				}
+			}
+			if c.restricted && alone == 0 {
+				t.Errorf("no demonstration listed a single model in %d questions: the draw is not what RowPrompt draws", len(qs))
+			}
+		})
+	}
 }
