@@ -22,7 +22,7 @@ import (
 // Row is one router's line of the table, or one reference row's
 // (Table.References, reference.go).
 type Row struct {
-	Router   string                   `json:"router,omitempty"` // "" for a reference row
+	Router   string                   `json:"router,omitempty"` // the router's name; none for a reference row
 	Datasets map[string]rollout.Score `json:"datasets"`
 	Avg      rollout.Score            `json:"avg"` // mean over the table's datasets; Cost and N are totals
 	// CostPerQuestion is Avg.Cost / Avg.N: USD per question, over all the

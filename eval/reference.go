@@ -78,10 +78,10 @@ func References(ctx context.Context, s Setup, qs []data.Example, outDir string, 
 		if err != nil {
 			return nil, err
 		}
-		if res == nil {
-			return nil, nil // not rank 0
-		}
-		per[i] = res
+		per[i] = res // nil on a rank other than 0, which answers every model's share all the same
+	}
+	if s.Group != nil && s.Group.Rank() != 0 {
+		return nil, nil
 	}
 	return referenceRows(models, per, datasetsOf(qs))
 }
