@@ -20,12 +20,15 @@ import (
 
 // Options say where a study lives and what it covers.
 type Options struct {
-	Root   string
-	Seeds  []int64
-	Split  string   // test split (data.Split), also the eval-<split> folder of each run
-	Window int      // the figure's moving average (0: plot.DefaultWindow)
-	Notes  []string // said under the table
-	Log    *slog.Logger
+	Root  string
+	Seeds []int64
+	Split string // the test selection's name: the eval-<split> folder of each run and the table's note
+	// Datasets are the test datasets (nil: the split Split of the config's
+	// data.test, data.Config.TestSplit).
+	Datasets []string
+	Window   int      // the figure's moving average (0: plot.DefaultWindow)
+	Notes    []string // said under the table
+	Log      *slog.Logger
 	// Progress, if set, follows each evaluation (progressFunc).
 	Progress func(router string, done, total int)
 	// variants are the rows (nil: Variants, all of them); tests
@@ -52,9 +55,12 @@ func Run(ctx context.Context, cfg config.Config, o Options) (Report, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	names, err := data.Split(o.Split)
-	if err != nil {
-		return rep, fmt.Errorf("ablate: %w", err)
+	names := o.Datasets
+	if names == nil {
+		var err error
+		if names, err = cfg.Data.TestSplit(o.Split); err != nil {
+			return rep, fmt.Errorf("ablate: %w", err)
+		}
 	}
 	tc := cfg
 	tc.Data.Test = names
@@ -117,21 +123,30 @@ func Run(ctx context.Context, cfg config.Config, o Options) (Report, error) {
 			if err != nil {
 				return rep, err
 			}
-			em, ds, err := evalVariant(ctx, vc, dir, o.Split, qs, log, o.Progress)
+			row, ds, err := evalVariant(ctx, vc, dir, o.Split, qs, log, o.Progress)
 			if err != nil {
 				return rep, err
 			}
 			datasets = ds
-			results = append(results, Result{Variant: v.Name, Seed: seed, EM: em})
+			em := map[string]float64{}
+			for d, sc := range row.Datasets {
+				em[d] = sc.EM
+			}
+			results = append(results, Result{Variant: v.Name, Seed: seed, EM: em, CostPerQuestion: row.CostPerQuestion})
 			runs[v.Name] = append(runs[v.Name], dir)
 			if o.runDone != nil {
 				o.runDone(seed, v.Name)
 			}
 		}
 	}
-	if rep.Table, err = Summarize(results, datasets, o.Seeds, variants); err != nil {
+	if rep.Table, err = Summarize(results, datasets, cfg.Data.InDomain(), o.Seeds, variants); err != nil {
 		return rep, err
 	}
+	refs, err := references(ctx, cfg, qs, filepath.Join(o.Root, "reference-"+o.Split), log, o.Progress)
+	if err != nil {
+		return rep, err
+	}
+	rep.Table.AddReferences(refs)
 	rep.Table.Notes = append(append([]string{}, o.Notes...),
 		fmt.Sprintf("%d GRPO steps per variant; test split %s (up to %d questions per dataset); each run evaluated at checkpoints/best where it exists, else checkpoints/last.",
 			cfg.Train.Steps, o.Split, cfg.Data.TestPerDataset))
@@ -193,44 +208,59 @@ func trainVariant(ctx context.Context, vc config.Config, dir, warm string, log *
 	return true, trainer.Train(ctx, vc, trainer.Options{RunDir: dir, Resume: true, Log: log})
 }
 
+// references computes the study's reference rows (eval.References: the
+// oracle, best and cheapest single model) on qs into dir, with a pool of
+// its own; they depend on neither the variant nor the seed.
+func references(ctx context.Context, cfg config.Config, qs []data.Example, dir string, log *slog.Logger,
+	progress func(string, int, int)) ([]eval.Row, error) {
+	train, val, err := cfg.Data.LoadTrain()
+	if err != nil {
+		return nil, err
+	}
+	env, err := rollout.NewEnv(cfg, nil, rollout.AnswerBank(train, val, qs), log)
+	if err != nil {
+		return nil, err
+	}
+	defer env.Close()
+	log.Info("ablation: the reference rows: every pool model asked every question", "models", len(env.Pool.Models()), "questions", len(qs), "dir", dir)
+	s := eval.Setup{Env: env, Batch: cfg.Eval.Batch, Seed: cfg.Train.Seed, Pool: cfg.Pool, InDomain: cfg.Data.InDomain()}
+	return eval.References(ctx, s, qs, dir, log, progress)
+}
+
 // evalVariant evaluates a variant's policy (rollout.ResolveCheckpoint:
 // checkpoints/best, else checkpoints/last) on qs into dir/eval-<split>;
 // results of the same checkpoint and inputs are reused (eval.Run). It
-// returns the exact match per dataset and the datasets in table order.
+// returns the policy's row and the datasets in table order.
 func evalVariant(ctx context.Context, vc config.Config, dir, split string, qs []data.Example, log *slog.Logger,
-	progress func(string, int, int)) (map[string]float64, []string, error) {
+	progress func(string, int, int)) (eval.Row, []string, error) {
 	ck, _, err := rollout.ResolveCheckpoint(dir)
 	if err != nil {
-		return nil, nil, fmt.Errorf("ablate: %w", err)
+		return eval.Row{}, nil, fmt.Errorf("ablate: %w", err)
 	}
 	eng, err := rollout.OpenEngine(ck, torchbridge.Options{Device: vc.Policy.Device, DType: vc.Policy.DType})
 	if err != nil {
-		return nil, nil, fmt.Errorf("ablate: checkpoint %s: %w", ck, err)
+		return eval.Row{}, nil, fmt.Errorf("ablate: checkpoint %s: %w", ck, err)
 	}
 	defer eng.Close()
 	train, val, err := vc.Data.LoadTrain()
 	if err != nil {
-		return nil, nil, err
+		return eval.Row{}, nil, err
 	}
 	env, err := rollout.NewEnv(vc, eng, rollout.AnswerBank(train, val, qs), log)
 	if err != nil {
-		return nil, nil, err
+		return eval.Row{}, nil, err
 	}
 	defer env.Close()
-	s := eval.Setup{Env: env, Batch: vc.Eval.Batch, Seed: vc.Train.Seed, Pool: vc.Pool}
+	s := eval.Setup{Env: env, Batch: vc.Eval.Batch, Seed: vc.Train.Seed, Pool: vc.Pool, InDomain: vc.Data.InDomain()}
 	out := filepath.Join(dir, "eval-"+split)
 	t, err := eval.Run(ctx, s, qs, []string{"policy"}, out, log, progress)
 	if err != nil {
-		return nil, nil, err
+		return eval.Row{}, nil, err
 	}
 	if err := t.Write(out); err != nil {
-		return nil, nil, err
+		return eval.Row{}, nil, err
 	}
-	em := map[string]float64{}
-	for d, sc := range t.Rows[0].Datasets {
-		em[d] = sc.EM
-	}
-	return em, t.Datasets, nil
+	return t.Rows[0], t.Datasets, nil
 }
 
 func exists(path string) bool {

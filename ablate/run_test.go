@@ -257,6 +257,8 @@ func TestAblateSharesTheWarmup(t *testing.T) {
 				switch col {
 				case ColInDomain, ColAverage: // the split is nq and hotpotqa
 					xs = append(xs, (et.Rows[0].Datasets["nq"].EM+et.Rows[0].Datasets["hotpotqa"].EM)/2)
+				case ColCost:
+					xs = append(xs, et.Rows[0].CostPerQuestion)
 				default:
 					xs = append(xs, et.Rows[0].Datasets[col].EM)
 				}
@@ -271,6 +273,25 @@ func TestAblateSharesTheWarmup(t *testing.T) {
 	for _, f := range []string{"ablation.json", "ablation.csv", "ablation.md", plot.AblationFigure + ".png", plot.AblationFigure + ".svg"} {
 		if !exists(filepath.Join(full, f)) {
 			t.Errorf("the study wrote no %s", f)
+		}
+	}
+	// The reference rows: every pool model's answers to the split's
+	// questions, once for the study, in reference-id.
+	refs := rep.Table.References
+	if len(refs) != 3 || refs[0].Name != eval.RefOracle || refs[1].Name != eval.RefBest || refs[2].Name != eval.RefCheapest {
+		t.Fatalf("reference rows %+v, want oracle, best and cheapest single model", refs)
+	}
+	for _, c := range rep.Table.Columns {
+		if c != ColCost && refs[0].Cells[c].Mean < refs[1].Cells[c].Mean {
+			t.Errorf("%s: oracle %v below the best single model's %v", c, refs[0].Cells[c], refs[1].Cells[c])
+		}
+	}
+	if refs[2].Cells[ColCost].Mean <= 0 || refs[2].Cells[ColCost].Mean > refs[1].Cells[ColCost].Mean {
+		t.Errorf("cheapest single model costs %v per question, the best %v", refs[2].Cells[ColCost], refs[1].Cells[ColCost])
+	}
+	for _, m := range cfg.Pool.Models {
+		if !exists(filepath.Join(full, "reference-id", eval.ModelResultsFile(m.Name))) {
+			t.Errorf("no reference answers of pool model %s in reference-id", m.Name)
 		}
 	}
 

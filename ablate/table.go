@@ -11,7 +11,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/recal-project/recal/data"
+	"github.com/recal-project/recal/eval"
 	"github.com/recal-project/recal/internal/hfmodel"
 )
 
@@ -40,9 +40,12 @@ var Variants = []Variant{
 
 // Names of the average columns, after the datasets'.
 const (
-	ColInDomain    = "id_avg"  // mean over the in-domain datasets (nq, hotpotqa)
+	ColInDomain    = "id_avg"  // mean over the in-domain datasets (data.train's)
 	ColOutOfDomain = "ood_avg" // mean over the out-of-domain datasets
 	ColAverage     = "avg"     // mean over every dataset of the table
+	// ColCost is the cost per question in USD (all the table's questions),
+	// the last column, so that exact match can be read against cost.
+	ColCost = "cost_per_q"
 )
 
 // StdKind says which standard deviation the table's ± is.
@@ -54,6 +57,9 @@ type Result struct {
 	Variant string             `json:"variant"`
 	Seed    int64              `json:"seed"`
 	EM      map[string]float64 `json:"em"`
+	// CostPerQuestion is the pool's cost per question in USD, over every
+	// dataset's questions.
+	CostPerQuestion float64 `json:"cost_per_question"`
 }
 
 // Stat is a mean over seeds and its sample standard deviation (Bessel's
@@ -85,11 +91,21 @@ func MeanStd(xs []float64) Stat {
 
 // String is "mean ± std" with three decimals, or the mean alone for one
 // seed.
-func (s Stat) String() string {
+func (s Stat) String() string { return s.format(3) }
+
+func (s Stat) format(decimals int) string {
 	if s.N < 2 {
-		return fmt.Sprintf("%.3f", s.Mean)
+		return fmt.Sprintf("%.*f", decimals, s.Mean)
 	}
-	return fmt.Sprintf("%.3f ± %.3f", s.Mean, s.Std)
+	return fmt.Sprintf("%.*f ± %.*f", decimals, s.Mean, decimals, s.Std)
+}
+
+// cell is a column's cell as text: three decimals, six for the cost.
+func cell(col string, s Stat) string {
+	if col == ColCost {
+		return s.format(6)
+	}
+	return s.String()
 }
 
 // Row is one variant's line of the table.
@@ -99,7 +115,8 @@ type Row struct {
 	PerSeed []SeedRow       `json:"per_seed"`
 }
 
-// SeedRow is one seed's values of a row, by column (datasets and averages).
+// SeedRow is one seed's values of a row, by column (datasets, averages and
+// cost).
 type SeedRow struct {
 	Seed   int64              `json:"seed"`
 	Values map[string]float64 `json:"em"`
@@ -107,25 +124,30 @@ type SeedRow struct {
 
 // Table is the study's result, shaped like the paper's Table 3: a row per
 // variant, exact match per dataset, then the in-domain, out-of-domain and
-// overall averages, each cell a mean ± std over seeds.
+// overall averages, each cell a mean ± std over seeds, and the cost per
+// question; then the reference rows (oracle, best and cheapest single
+// model: eval.References), one value each.
 type Table struct {
-	Datasets []string `json:"datasets"`
-	Columns  []string `json:"columns"` // Datasets, then the averages that have datasets
-	Seeds    []int64  `json:"seeds"`
-	Std      string   `json:"std"`
-	Notes    []string `json:"notes,omitempty"` // said under the table (steps, split, …)
-	Rows     []Row    `json:"rows"`
+	Datasets   []string `json:"datasets"`
+	InDomain   []string `json:"in_domain"` // the datasets trained on (data.train); the others are out of domain
+	Columns    []string `json:"columns"`   // Datasets, then the averages that have datasets, then ColCost
+	Seeds      []int64  `json:"seeds"`
+	Std        string   `json:"std"`
+	Notes      []string `json:"notes,omitempty"` // said under the table (steps, split, …)
+	Rows       []Row    `json:"rows"`
+	References []Row    `json:"references,omitempty"` // no per-seed values: the pool's answers do not depend on the seed
 }
 
 // Summarize builds the table of results over seeds: for each variant and
 // seed the exact match per dataset and its averages (each average taken
-// within the seed's run), then per column the mean and sample standard
+// within the seed's run; inDomain are the datasets trained on), and the
+// cost per question, then per column the mean and sample standard
 // deviation of those per-seed values. Every variant of variants needs a
 // result for every seed with every dataset.
-func Summarize(results []Result, datasets []string, seeds []int64, variants []Variant) (Table, error) {
+func Summarize(results []Result, datasets, inDomain []string, seeds []int64, variants []Variant) (Table, error) {
 	var id, ood []string
 	for _, d := range datasets {
-		if data.IsInDomain(d) {
+		if slices.Contains(inDomain, d) {
 			id = append(id, d)
 		} else {
 			ood = append(ood, d)
@@ -135,12 +157,13 @@ func Summarize(results []Result, datasets []string, seeds []int64, variants []Va
 		col string
 		ds  []string
 	}{{ColInDomain, id}, {ColOutOfDomain, ood}, {ColAverage, datasets}}
-	t := Table{Datasets: datasets, Columns: slices.Clone(datasets), Seeds: seeds, Std: StdKind}
+	t := Table{Datasets: datasets, InDomain: inDomain, Columns: slices.Clone(datasets), Seeds: seeds, Std: StdKind}
 	for _, g := range groups {
 		if len(g.ds) > 0 {
 			t.Columns = append(t.Columns, g.col)
 		}
 	}
+	t.Columns = append(t.Columns, ColCost)
 	if len(datasets) == 0 || len(seeds) == 0 {
 		return t, fmt.Errorf("ablate: a table needs datasets and seeds")
 	}
@@ -169,6 +192,7 @@ func Summarize(results []Result, datasets []string, seeds []int64, variants []Va
 				}
 				sr.Values[g.col] = sum / float64(len(g.ds))
 			}
+			sr.Values[ColCost] = results[i].CostPerQuestion
 			row.PerSeed = append(row.PerSeed, sr)
 		}
 		for _, c := range t.Columns {
@@ -183,9 +207,41 @@ func Summarize(results []Result, datasets []string, seeds []int64, variants []Va
 	return t, nil
 }
 
+// AddReferences turns eval's reference rows (eval.References) into the
+// table's: exact match per dataset, the averages as the variants' are
+// taken, and the cost per question, each a single value.
+func (t *Table) AddReferences(refs []eval.Row) {
+	for _, r := range refs {
+		row := Row{Variant: Variant{Name: r.Reference, Label: r.Label()}, Cells: map[string]Stat{}}
+		vals := map[string]float64{ColCost: r.CostPerQuestion}
+		var sum, sumID, sumOOD float64
+		var nID, nOOD int
+		for _, d := range t.Datasets {
+			em := r.Datasets[d].EM
+			vals[d], sum = em, sum+em
+			if slices.Contains(t.InDomain, d) {
+				sumID, nID = sumID+em, nID+1
+			} else {
+				sumOOD, nOOD = sumOOD+em, nOOD+1
+			}
+		}
+		vals[ColAverage] = sum / float64(len(t.Datasets))
+		if nID > 0 {
+			vals[ColInDomain] = sumID / float64(nID)
+		}
+		if nOOD > 0 {
+			vals[ColOutOfDomain] = sumOOD / float64(nOOD)
+		}
+		for _, c := range t.Columns {
+			row.Cells[c] = Stat{Mean: vals[c], N: 1}
+		}
+		t.References = append(t.References, row)
+	}
+}
+
 // header is a column's title: the dataset († when in-domain) or the
 // average's name.
-func header(col string) string {
+func (t Table) header(col string) string {
 	switch col {
 	case ColInDomain:
 		return "ID avg"
@@ -193,8 +249,10 @@ func header(col string) string {
 		return "OOD avg"
 	case ColAverage:
 		return "Avg"
+	case ColCost:
+		return "cost/q"
 	}
-	if data.IsInDomain(col) {
+	if slices.Contains(t.InDomain, col) {
 		return col + "†"
 	}
 	return col
@@ -218,26 +276,34 @@ func (t Table) caption() string {
 
 // Text prints the table with aligned columns.
 func (t Table) Text(w io.Writer) {
-	width := 6
-	for _, r := range t.Rows {
+	rows := append(slices.Clone(t.Rows), t.References...)
+	width, lw := 6, 14
+	for _, r := range rows {
+		lw = max(lw, len([]rune(r.Label)))
 		for _, c := range t.Columns {
-			width = max(width, len([]rune(r.Cells[c].String())))
+			width = max(width, len([]rune(cell(c, r.Cells[c]))))
 		}
 	}
-	fmt.Fprintf(w, "\n%s\n%-14s", t.caption(), "variant")
+	fmt.Fprintf(w, "\n%s\n%-*s", t.caption(), lw, "variant")
 	for _, c := range t.Columns {
-		fmt.Fprintf(w, " %*s", width, header(c))
+		fmt.Fprintf(w, " %*s", width, t.header(c))
 	}
 	fmt.Fprintln(w)
-	for _, r := range t.Rows {
-		fmt.Fprintf(w, "%-14s", r.Label)
+	for i, r := range rows {
+		if i == len(t.Rows) {
+			fmt.Fprintln(w, "-- reference")
+		}
+		fmt.Fprintf(w, "%-*s", lw, r.Label)
 		for _, c := range t.Columns {
-			s := r.Cells[c].String()
+			s := cell(c, r.Cells[c])
 			fmt.Fprintf(w, " %s%s", strings.Repeat(" ", width-len([]rune(s))), s)
 		}
 		fmt.Fprintln(w)
 	}
-	fmt.Fprintln(w, "† in-domain (trained on)")
+	fmt.Fprintln(w, "† in-domain (trained on); cost/q: USD per question")
+	if len(t.References) > 0 {
+		fmt.Fprintln(w, eval.ReferenceNote)
+	}
 	for _, n := range t.Notes {
 		fmt.Fprintln(w, n)
 	}
@@ -247,28 +313,36 @@ func (t Table) Text(w io.Writer) {
 func (t Table) Markdown(w io.Writer) {
 	fmt.Fprint(w, "| Method |")
 	for _, c := range t.Columns {
-		fmt.Fprintf(w, " %s |", header(c))
+		fmt.Fprintf(w, " %s |", t.header(c))
 	}
 	fmt.Fprint(w, "\n|---|")
 	for range t.Columns {
 		fmt.Fprint(w, "---|")
 	}
 	fmt.Fprintln(w)
-	for _, r := range t.Rows {
-		fmt.Fprintf(w, "| %s |", r.Label)
+	for i, r := range append(slices.Clone(t.Rows), t.References...) {
+		label := r.Label
+		if i >= len(t.Rows) {
+			label = "*" + label + "* (reference)"
+		}
+		fmt.Fprintf(w, "| %s |", label)
 		for _, c := range t.Columns {
-			fmt.Fprintf(w, " %s |", r.Cells[c])
+			fmt.Fprintf(w, " %s |", cell(c, r.Cells[c]))
 		}
 		fmt.Fprintln(w)
 	}
-	fmt.Fprintf(w, "\n%s † in-domain.\n", t.caption())
+	fmt.Fprintf(w, "\n%s † in-domain. cost/q: USD per question.\n", t.caption())
+	if len(t.References) > 0 {
+		fmt.Fprintf(w, "Reference %s.\n", strings.TrimPrefix(eval.ReferenceNote, "reference "))
+	}
 	for _, n := range t.Notes {
 		fmt.Fprintf(w, "%s\n", n)
 	}
 }
 
 // CSV writes one line per variant and column: the mean, the standard
-// deviation, the number of seeds and each seed's value (seed_<N>).
+// deviation, the number of seeds and each seed's value (seed_<N>); then a
+// line per reference row and column (n 1, no per-seed values).
 func (t Table) CSV(w io.Writer) error {
 	cw := csv.NewWriter(w)
 	head := []string{"variant", "label", "column", "mean", "std", "n"}
@@ -276,12 +350,18 @@ func (t Table) CSV(w io.Writer) error {
 		head = append(head, "seed_"+strconv.FormatInt(s, 10))
 	}
 	cw.Write(head)
-	for _, r := range t.Rows {
+	for _, r := range append(slices.Clone(t.Rows), t.References...) {
 		for _, c := range t.Columns {
-			st := r.Cells[c]
-			line := []string{r.Name, r.Label, c, fmt.Sprintf("%.6f", st.Mean), fmt.Sprintf("%.6f", st.Std), strconv.Itoa(st.N)}
+			st, f := r.Cells[c], "%.6f"
+			if c == ColCost {
+				f = "%.8f"
+			}
+			line := []string{r.Name, r.Label, c, fmt.Sprintf(f, st.Mean), fmt.Sprintf(f, st.Std), strconv.Itoa(st.N)}
 			for _, sr := range r.PerSeed {
-				line = append(line, fmt.Sprintf("%.6f", sr.Values[c]))
+				line = append(line, fmt.Sprintf(f, sr.Values[c]))
+			}
+			for range len(t.Seeds) - len(r.PerSeed) { // a reference row has none
+				line = append(line, "")
 			}
 			cw.Write(line)
 		}

@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/recal-project/recal/calibration"
+	"github.com/recal-project/recal/eval"
+	"github.com/recal-project/recal/rollout"
 )
 
 // The study's rows are exactly the registered ablations: a variant missing
@@ -35,19 +37,19 @@ func TestSummarizeByHand(t *testing.T) {
 		return map[string]float64{"nq": nq, "triviaqa": tqa, "hotpotqa": hqa}
 	}
 	results := []Result{
-		{Variant: "recal", Seed: 0, EM: em(0.4, 0.2, 0.1)},
-		{Variant: "recal", Seed: 1, EM: em(0.5, 0.2, 0.3)},
-		{Variant: "recal", Seed: 2, EM: em(0.6, 0.5, 0.2)},
+		{Variant: "recal", Seed: 0, EM: em(0.4, 0.2, 0.1), CostPerQuestion: 1e-5},
+		{Variant: "recal", Seed: 1, EM: em(0.5, 0.2, 0.3), CostPerQuestion: 2e-5},
+		{Variant: "recal", Seed: 2, EM: em(0.6, 0.5, 0.2), CostPerQuestion: 3e-5},
 		{Variant: "wo_both", Seed: 2, EM: em(0.3, 0.3, 0.3)},
 		{Variant: "wo_both", Seed: 0, EM: em(0.1, 0.1, 0.1)},
 		{Variant: "wo_both", Seed: 1, EM: em(0.2, 0.2, 0.2)},
 	}
 	vs := []Variant{{"wo_both", "w/o both"}, {"recal", "ReCal (full)"}}
-	tab, err := Summarize(results, datasets, seeds, vs)
+	tab, err := Summarize(results, datasets, []string{"nq", "hotpotqa"}, seeds, vs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"nq", "triviaqa", "hotpotqa", ColInDomain, ColOutOfDomain, ColAverage}; !slices.Equal(tab.Columns, want) {
+	if want := []string{"nq", "triviaqa", "hotpotqa", ColInDomain, ColOutOfDomain, ColAverage, ColCost}; !slices.Equal(tab.Columns, want) {
 		t.Fatalf("columns %v, want %v", tab.Columns, want)
 	}
 	// recal by hand:
@@ -59,7 +61,7 @@ func TestSummarizeByHand(t *testing.T) {
 	//   avg per seed: 0.7/3 1.0/3 1.3/3: mean 1/3, std 0.1
 	// wo_both: every column 0.1 0.2 0.3 (rows given out of seed order): mean 0.2, std 0.1.
 	want := map[string]map[string][2]float64{
-		"recal": {"nq": {0.5, 0.1}, "triviaqa": {0.3, math.Sqrt(0.03)}, "hotpotqa": {0.2, 0.1},
+		"recal": {"nq": {0.5, 0.1}, "triviaqa": {0.3, math.Sqrt(0.03)}, "hotpotqa": {0.2, 0.1}, ColCost: {2e-5, 1e-5},
 			ColInDomain: {0.35, math.Sqrt(0.0075)}, ColOutOfDomain: {0.3, math.Sqrt(0.03)}, ColAverage: {1.0 / 3, 0.1}},
 		"wo_both": {"nq": {0.2, 0.1}, "triviaqa": {0.2, 0.1}, "hotpotqa": {0.2, 0.1},
 			ColInDomain: {0.2, 0.1}, ColOutOfDomain: {0.2, 0.1}, ColAverage: {0.2, 0.1}},
@@ -89,7 +91,7 @@ func TestSummarizeByHand(t *testing.T) {
 	if err := tab.CSV(&cs); err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range []string{"| ReCal (full) | 0.500 ± 0.100 | 0.300 ± 0.173 | 0.200 ± 0.100 | 0.350 ± 0.087 | 0.300 ± 0.173 | 0.333 ± 0.100 |", "nq† |", "n−1"} {
+	for _, s := range []string{"| ReCal (full) | 0.500 ± 0.100 | 0.300 ± 0.173 | 0.200 ± 0.100 | 0.350 ± 0.087 | 0.300 ± 0.173 | 0.333 ± 0.100 | 0.000020 ± 0.000010 |", "nq† |", "n−1"} {
 		if !strings.Contains(md.String(), s) {
 			t.Errorf("markdown lacks %q:\n%s", s, md.String())
 		}
@@ -102,6 +104,61 @@ func TestSummarizeByHand(t *testing.T) {
 		t.Fatal(err)
 	}
 	if want := []string{"recal", "ReCal (full)", ColInDomain, "0.350000", "0.086603", "3", "0.250000", "0.400000", "0.400000"}; !slices.ContainsFunc(lines, func(l []string) bool { return slices.Equal(l, want) }) {
+		t.Errorf("csv lacks the line %v:\n%s", want, cs.String())
+	}
+}
+
+// The reference rows carry eval's numbers: exact match per dataset, the
+// in-domain, out-of-domain and overall averages taken as the variants'
+// are, and the cost per question; every format shows them.
+func TestAddReferences(t *testing.T) {
+	tab, err := Summarize([]Result{{Variant: "recal", Seed: 0, EM: map[string]float64{"nq": 0.5, "triviaqa": 0.25}}},
+		[]string{"nq", "triviaqa"}, []string{"nq"}, []int64{0}, []Variant{{Full, "ReCal (full)"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tab.AddReferences([]eval.Row{
+		{Reference: eval.RefOracle, Datasets: map[string]rollout.Score{"nq": {EM: 1}, "triviaqa": {EM: 0.5}}, CostPerQuestion: 0.00025},
+		{Reference: eval.RefBest, Model: "big", Datasets: map[string]rollout.Score{"nq": {EM: 0.75}, "triviaqa": {EM: 0.5}}, CostPerQuestion: 0.001},
+		{Reference: eval.RefCheapest, Model: "small", Datasets: map[string]rollout.Score{"nq": {EM: 0.25}, "triviaqa": {EM: 0}}, CostPerQuestion: 0.00001},
+	})
+	want := map[string]map[string]float64{
+		eval.RefOracle:   {"nq": 1, "triviaqa": 0.5, ColInDomain: 1, ColOutOfDomain: 0.5, ColAverage: 0.75, ColCost: 0.00025},
+		eval.RefBest:     {"nq": 0.75, "triviaqa": 0.5, ColInDomain: 0.75, ColOutOfDomain: 0.5, ColAverage: 0.625, ColCost: 0.001},
+		eval.RefCheapest: {"nq": 0.25, "triviaqa": 0, ColInDomain: 0.25, ColOutOfDomain: 0, ColAverage: 0.125, ColCost: 0.00001},
+	}
+	if len(tab.References) != 3 {
+		t.Fatalf("%d reference rows, want 3", len(tab.References))
+	}
+	for _, r := range tab.References {
+		for c, w := range want[r.Name] {
+			if got := r.Cells[c]; got.Mean != w || got.N != 1 {
+				t.Errorf("%s %s = %v (n %d), want %v (n 1)", r.Name, c, got.Mean, got.N, w)
+			}
+		}
+	}
+	var md, txt, cs bytes.Buffer
+	tab.Markdown(&md)
+	tab.Text(&txt)
+	if err := tab.CSV(&cs); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"| *oracle* (reference) | 1.000 | 0.500 | 1.000 | 0.500 | 0.750 | 0.000250 |",
+		"| *best (big)* (reference) |", "| *cheapest (small)* (reference) | 0.250 | 0.000 | 0.250 | 0.000 | 0.125 | 0.000010 |", "not routers"} {
+		if !strings.Contains(md.String(), s) {
+			t.Errorf("markdown lacks %q:\n%s", s, md.String())
+		}
+	}
+	for _, s := range []string{"-- reference", "cheapest (small)", "0.000250", "not routers"} {
+		if !strings.Contains(txt.String(), s) {
+			t.Errorf("text lacks %q:\n%s", s, txt.String())
+		}
+	}
+	lines, err := csv.NewReader(&cs).ReadAll() // every line as wide as the header
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{eval.RefOracle, "oracle", ColCost, "0.00025000", "0.00000000", "1", ""}; !slices.ContainsFunc(lines, func(l []string) bool { return slices.Equal(l, want) }) {
 		t.Errorf("csv lacks the line %v:\n%s", want, cs.String())
 	}
 }
@@ -119,7 +176,7 @@ func TestSummarizeErrors(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := Summarize(one, c.datasets, c.seeds, []Variant{{Full, "ReCal"}})
+			_, err := Summarize(one, c.datasets, []string{"nq"}, c.seeds, []Variant{{Full, "ReCal"}})
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("error %v, want one saying %q: a table must not average over what is missing", err, c.want)
 			}
@@ -131,11 +188,11 @@ func TestSummarizeErrors(t *testing.T) {
 // the columns without datasets (no in-domain one on --split ood) are left out.
 func TestSummarizeOneSeed(t *testing.T) {
 	tab, err := Summarize([]Result{{Variant: "recal", Seed: 7, EM: map[string]float64{"popqa": 0.25, "musique": 0.75}}},
-		[]string{"popqa", "musique"}, []int64{7}, []Variant{{Full, "ReCal"}})
+		[]string{"popqa", "musique"}, []string{"nq", "hotpotqa"}, []int64{7}, []Variant{{Full, "ReCal"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"popqa", "musique", ColOutOfDomain, ColAverage}; !slices.Equal(tab.Columns, want) {
+	if want := []string{"popqa", "musique", ColOutOfDomain, ColAverage, ColCost}; !slices.Equal(tab.Columns, want) {
 		t.Fatalf("columns %v, want %v", tab.Columns, want)
 	}
 	if s := tab.Rows[0].Cells[ColAverage].String(); s != "0.500" {

@@ -198,3 +198,52 @@ func (c Config) LoadTest() ([]Example, error) {
 	}
 	return out, nil
 }
+
+// InDomain returns the datasets trained on (Train, expanded): the
+// in-domain datasets of this configuration. The rest of a table's datasets
+// are out of domain.
+func (c Config) InDomain() []string {
+	out, _ := expand(c.Train)
+	return out
+}
+
+// TestSplit returns the datasets of a split of this configuration's test
+// datasets (Test, expanded, in that order): "all" is every one of them,
+// "id" those also trained on (Train), "ood" the others. A split with no
+// dataset is an error naming Test and Train.
+func (c Config) TestSplit(name string) ([]string, error) {
+	test, err := expand(c.Test)
+	if err != nil {
+		return nil, fmt.Errorf("data: config key %q: %w", "data.test", err)
+	}
+	train, err := expand(c.Train)
+	if err != nil {
+		return nil, fmt.Errorf("data: config key %q: %w", "data.train", err)
+	}
+	var out []string
+	for _, ds := range test {
+		in := false
+		for _, t := range train {
+			in = in || t == ds
+		}
+		switch name {
+		case SplitAll:
+			out = append(out, ds)
+		case SplitInDomain:
+			if in {
+				out = append(out, ds)
+			}
+		case SplitOutOfDomain:
+			if !in {
+				out = append(out, ds)
+			}
+		default:
+			return nil, fmt.Errorf("data: %w %q (known: %s, %s, %s)", ErrUnknownSplit, name, SplitInDomain, SplitOutOfDomain, SplitAll)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("data: split %q has no dataset: data.test is %s and data.train (the in-domain datasets) %s",
+			name, strings.Join(test, ", "), strings.Join(train, ", "))
+	}
+	return out, nil
+}

@@ -188,3 +188,47 @@ func TestConfigFiles(t *testing.T) {
 		t.Errorf("Path(squad) error = %v, want ErrUnknownDataset", err)
 	}
 }
+
+// TestSplit's id and ood come from the configuration's data.train, not
+// from the paper's registry; "all" is data.test.
+func TestConfigTestSplit(t *testing.T) {
+	tests := []struct {
+		name         string
+		train, test  []string
+		split        string
+		want         []string
+		wantInDomain []string
+		err          string
+	}{
+		{"defaults all", []string{"id"}, []string{"all"}, "all",
+			[]string{"nq", "triviaqa", "popqa", "hotpotqa", "2wiki", "musique", "bamboogle"}, []string{"nq", "hotpotqa"}, ""},
+		{"defaults id", []string{"id"}, []string{"all"}, "id", []string{"nq", "hotpotqa"}, []string{"nq", "hotpotqa"}, ""},
+		{"defaults ood", []string{"id"}, []string{"all"}, "ood",
+			[]string{"triviaqa", "popqa", "2wiki", "musique", "bamboogle"}, []string{"nq", "hotpotqa"}, ""},
+		{"outcomes world all", []string{"nq"}, []string{"nq", "triviaqa"}, "all", []string{"nq", "triviaqa"}, []string{"nq"}, ""},
+		{"outcomes world id", []string{"nq"}, []string{"nq", "triviaqa"}, "id", []string{"nq"}, []string{"nq"}, ""},
+		{"outcomes world ood", []string{"nq"}, []string{"nq", "triviaqa"}, "ood", []string{"triviaqa"}, []string{"nq"}, ""},
+		{"trained on a registry-ood dataset", []string{"popqa"}, []string{"nq", "popqa"}, "id", []string{"popqa"}, []string{"popqa"}, ""},
+		{"test order kept", []string{"nq"}, []string{"triviaqa", "nq"}, "all", []string{"triviaqa", "nq"}, []string{"nq"}, ""},
+		{"empty split", []string{"nq"}, []string{"nq"}, "ood", nil, []string{"nq"},
+			`data: split "ood" has no dataset: data.test is nq and data.train (the in-domain datasets) nq`},
+		{"unknown split", []string{"nq"}, []string{"nq"}, "dev", nil, []string{"nq"}, `data: unknown split "dev" (known: id, ood, all)`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := DefaultConfig()
+			c.Train, c.Test = tt.train, tt.test
+			got, err := c.TestSplit(tt.split)
+			if tt.err != "" {
+				if err == nil || err.Error() != tt.err {
+					t.Fatalf("TestSplit(%q) error = %v, want %q", tt.split, err, tt.err)
+				}
+			} else if err != nil || !reflect.DeepEqual(got, tt.want) {
+				t.Fatalf("TestSplit(%q) = %v, %v; want %v", tt.split, got, err, tt.want)
+			}
+			if in := c.InDomain(); !reflect.DeepEqual(in, tt.wantInDomain) {
+				t.Errorf("InDomain() = %v, want %v", in, tt.wantInDomain)
+			}
+		})
+	}
+}

@@ -178,8 +178,21 @@ func identityOf(name string, s Setup, memo map[string]json.RawMessage) (identity
 	if !ok {
 		return identity{}, fmt.Errorf("eval: unknown router %q (known: %s)", name, strings.Join(RouterNames(), ", "))
 	}
+	return makeIdentity(name, spec.Inputs, s, memo, nil)
+}
+
+// modelIdentity is the identity of a reference results file
+// (reference.go): pool model m answering every question directly, keyed
+// by the pool (the "pool" part) and the model's name.
+func modelIdentity(m string, s Setup, memo map[string]json.RawMessage) (identity, error) {
+	return makeIdentity(modelRouter(m), []string{"pool"}, s, memo, map[string]any{"model": m})
+}
+
+// makeIdentity digests the parts of inputParts named by parts, and the
+// extra inputs, as the identity of results named name.
+func makeIdentity(name string, parts []string, s Setup, memo map[string]json.RawMessage, extra map[string]any) (identity, error) {
 	id := identity{Router: name, Inputs: map[string]json.RawMessage{}}
-	for _, part := range spec.Inputs {
+	for _, part := range parts {
 		if b, ok := memo[part]; ok {
 			id.Inputs[part] = b
 			continue
@@ -197,6 +210,13 @@ func identityOf(name string, s Setup, memo map[string]json.RawMessage) (identity
 			return identity{}, fmt.Errorf("eval: input %q of router %s: %w", part, name, err)
 		}
 		memo[part], id.Inputs[part] = b, b
+	}
+	for k, v := range extra {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return identity{}, fmt.Errorf("eval: input %q of %s: %w", k, name, err)
+		}
+		id.Inputs[k] = b
 	}
 	b, err := json.Marshal(struct {
 		Router string

@@ -27,7 +27,7 @@ func Open(cfg config.Config, ck string, qs []data.Example, log *slog.Logger) (s 
 		return Setup{}, nil, err
 	}
 	s = Setup{Env: env, Batch: cfg.Eval.Batch, Seed: cfg.Train.Seed, Pool: cfg.Pool, Embedding: cfg.Embedding,
-		EmbeddingCache: embed.CacheDir(cfg.Pool.CacheDir)}
+		EmbeddingCache: embed.CacheDir(cfg.Pool.CacheDir), InDomain: cfg.Data.InDomain()}
 	return s, closeAll, nil
 }
 

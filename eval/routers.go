@@ -53,6 +53,9 @@ type Setup struct {
 	// Pool is the configuration Env's pool was built from; its part that
 	// decides answers keys the results files (see identity.go).
 	Pool llmpool.Config
+	// InDomain are the datasets trained on (data.Config.InDomain), marked
+	// in the tables; the others are out of domain.
+	InDomain []string
 	// Group is the data-parallel process group (nil: one process): Run
 	// shares each router's questions among its ranks, and rank 0 alone
 	// writes the results and returns the table (shard.go).

@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"slices"
 	"strings"
 
-	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/internal/hfmodel"
 	"github.com/recal-project/recal/rollout"
 )
@@ -94,11 +94,28 @@ type PaperRow struct {
 type PaperTable struct {
 	Split    string     `json:"split"`
 	Datasets []string   `json:"datasets"`
+	InDomain []string   `json:"in_domain,omitempty"` // the datasets trained on; the others are out of domain
 	Rows     []PaperRow `json:"rows"`
+	// References are the oracle, best and cheapest single-model rows
+	// (References), below the paper's rows.
+	References []Row `json:"references,omitempty"`
+}
+
+// GroupReference is the heading of the reference rows.
+const GroupReference = "Reference (not routers)"
+
+// allRows are the paper's rows, then the reference rows in group
+// GroupReference.
+func (t PaperTable) allRows() []PaperRow {
+	rows := slices.Clone(t.Rows)
+	for _, r := range t.References {
+		rows = append(rows, PaperRow{Group: GroupReference, Label: r.Label(), Scores: &r})
+	}
+	return rows
 }
 
 func (t PaperTable) datasetHeader(d string) string {
-	if data.IsInDomain(d) {
+	if slices.Contains(t.InDomain, d) {
 		return d + "†"
 	}
 	return d
@@ -108,34 +125,41 @@ func (t PaperTable) datasetHeader(d string) string {
 // rows grouped, then calls per question, cost and well-formed rate, then
 // the rows without scores and why.
 func (t PaperTable) Text(w io.Writer) {
+	lw := 13
+	for _, r := range t.allRows() {
+		lw = max(lw, len([]rune(r.Label)))
+	}
 	for _, metric := range []string{"EM", "F1"} {
-		fmt.Fprintf(w, "\n%s (split %s)\n%-13s", metric, t.Split, "method")
+		fmt.Fprintf(w, "\n%s (split %s)\n%-*s", metric, t.Split, lw, "method")
 		for _, d := range t.Datasets {
 			fmt.Fprintf(w, " %9s", t.datasetHeader(d))
 		}
 		fmt.Fprintf(w, " %9s\n", "Avg")
 		group := ""
-		for _, r := range t.Rows {
+		for _, r := range t.allRows() {
 			if r.Group != group {
 				group = r.Group
 				fmt.Fprintf(w, "-- %s\n", group)
 			}
-			fmt.Fprintf(w, "%-13s", r.Label)
+			fmt.Fprintf(w, "%-*s", lw, r.Label)
 			for _, d := range t.Datasets {
 				fmt.Fprintf(w, " %9s", cell(r, func(row *Row) rollout.Score { return row.Datasets[d] }, metric))
 			}
 			fmt.Fprintf(w, " %9s\n", cell(r, func(row *Row) rollout.Score { return row.Avg }, metric))
 		}
 	}
-	fmt.Fprintf(w, "\n%-13s %14s %12s %12s %8s\n", "method", "calls/question", "cost (USD)", "well-formed", "n")
-	for _, r := range t.Rows {
+	fmt.Fprintf(w, "\n%-*s %14s %12s %13s %12s %8s\n", lw, "method", "calls/question", "cost (USD)", "cost/question", "well-formed", "n")
+	for _, r := range t.allRows() {
 		if r.Scores == nil {
 			continue
 		}
 		a := r.Scores.Avg
-		fmt.Fprintf(w, "%-13s %14.2f %12.4f %12.3f %8d\n", r.Label, a.Calls, a.Cost, a.WellFormed, a.N)
+		fmt.Fprintf(w, "%-*s %14.2f %12.4f %13.6f %12.3f %8d\n", lw, r.Label, a.Calls, a.Cost, r.Scores.CostPerQuestion, a.WellFormed, a.N)
 	}
 	fmt.Fprintln(w, "\n† in-domain (trained on); the other datasets are out-of-domain")
+	if len(t.References) > 0 {
+		fmt.Fprintln(w, ReferenceNote)
+	}
 	for _, r := range t.Rows {
 		if r.Status != "" {
 			fmt.Fprintf(w, "%s: %s\n", r.Label, r.Status)
@@ -155,19 +179,19 @@ func cell(r PaperRow, get func(*Row) rollout.Score, metric string) string {
 // question, cost and well-formed rate; rows without scores show "—" and a
 // note says why.
 func (t PaperTable) Markdown(w io.Writer) {
-	cols := len(t.Datasets) + 5
+	cols := len(t.Datasets) + 6
 	for _, metric := range []string{"EM", "F1"} {
 		fmt.Fprintf(w, "### %s (split %s)\n\n| method |", metric, t.Split)
 		for _, d := range t.Datasets {
 			fmt.Fprintf(w, " %s |", t.datasetHeader(d))
 		}
-		fmt.Fprint(w, " Avg | calls/q | cost (USD) | well-formed |\n|---|")
+		fmt.Fprint(w, " Avg | calls/q | cost (USD) | cost/q | well-formed |\n|---|")
 		for range cols - 1 {
 			fmt.Fprint(w, "---|")
 		}
 		fmt.Fprintln(w)
 		group := ""
-		for _, r := range t.Rows {
+		for _, r := range t.allRows() {
 			if r.Group != group {
 				group = r.Group
 				fmt.Fprintf(w, "| ***%s*** |%s\n", group, strings.Repeat(" |", cols-1))
@@ -177,13 +201,16 @@ func (t PaperTable) Markdown(w io.Writer) {
 				fmt.Fprintf(w, " %s |", cell(r, func(row *Row) rollout.Score { return row.Datasets[d] }, metric))
 			}
 			if r.Scores == nil {
-				fmt.Fprint(w, " — | — | — | — |\n")
+				fmt.Fprint(w, " — | — | — | — | — |\n")
 				continue
 			}
 			a := r.Scores.Avg
-			fmt.Fprintf(w, " **%.3f** | %.2f | %.4f | %.3f |\n", pick(metric, a), a.Calls, a.Cost, a.WellFormed)
+			fmt.Fprintf(w, " **%.3f** | %.2f | %.4f | %.6f | %.3f |\n", pick(metric, a), a.Calls, a.Cost, r.Scores.CostPerQuestion, a.WellFormed)
 		}
 		fmt.Fprint(w, "\n† in-domain\n\n")
+		if len(t.References) > 0 {
+			fmt.Fprintf(w, "Reference %s.\n\n", strings.TrimPrefix(ReferenceNote, "reference "))
+		}
 	}
 	for _, r := range t.Rows {
 		if r.Status != "" {
@@ -196,19 +223,23 @@ func (t PaperTable) Markdown(w io.Writer) {
 // the status for a row without scores.
 func (t PaperTable) CSV(w io.Writer) error {
 	cw := csv.NewWriter(w)
-	cw.Write([]string{"group", "method", "router", "status", "dataset", "em", "f1", "calls_per_question", "cost", "well_formed", "n"})
-	for _, r := range t.Rows {
+	cw.Write([]string{"group", "method", "router", "status", "dataset", "em", "f1", "calls_per_question", "cost", "cost_per_question", "well_formed", "n"})
+	for _, r := range t.allRows() {
 		if r.Scores == nil {
-			cw.Write([]string{r.Group, r.Label, r.Router, r.Status, "", "", "", "", "", "", ""})
+			cw.Write([]string{r.Group, r.Label, r.Router, r.Status, "", "", "", "", "", "", "", ""})
 			continue
 		}
 		for _, d := range append(append([]string{}, t.Datasets...), "avg") {
-			sc := r.Scores.Avg
+			sc, cpq := r.Scores.Avg, r.Scores.CostPerQuestion
 			if d != "avg" {
 				sc = r.Scores.Datasets[d]
+				cpq = 0
+				if sc.N > 0 {
+					cpq = sc.Cost / float64(sc.N)
+				}
 			}
 			cw.Write([]string{r.Group, r.Label, r.Router, "", d, fmt.Sprintf("%.4f", sc.EM), fmt.Sprintf("%.4f", sc.F1),
-				fmt.Sprintf("%.4f", sc.Calls), fmt.Sprintf("%.6f", sc.Cost), fmt.Sprintf("%.4f", sc.WellFormed), fmt.Sprint(sc.N)})
+				fmt.Sprintf("%.4f", sc.Calls), fmt.Sprintf("%.6f", sc.Cost), fmt.Sprintf("%.8f", cpq), fmt.Sprintf("%.4f", sc.WellFormed), fmt.Sprint(sc.N)})
 		}
 	}
 	cw.Flush()

@@ -185,7 +185,18 @@ func Run(ctx context.Context, cfg config.Config, o Options) (eval.PaperTable, Re
 			s.close()
 		}
 	}()
-	t := eval.PaperTable{Split: o.Split}
+	t := eval.PaperTable{Split: o.Split, InDomain: cfg.Data.InDomain()}
+	// The reference rows (oracle, best and cheapest single model): every
+	// pool model asked every question, with a pool of its own.
+	err = timed("reference", func() error {
+		refs, calls, err := references(ctx, cfg, qs, filepath.Join(out, "reference"), o)
+		rep.Calls += calls
+		t.References = refs
+		return err
+	})
+	if err != nil {
+		return eval.PaperTable{}, rep, err
+	}
 	err = timed("evaluate", func() error {
 		for i, r := range eval.Table1Rows {
 			row := eval.PaperRow{Group: r.Group, Label: r.Label, Router: r.Router}
@@ -250,6 +261,28 @@ func policies(cfg config.Config, recal, r1Dir string, log *slog.Logger) (map[str
 		eval.PolicyRouterR1: r1, "": recal}, nil
 }
 
+// references computes the reference rows of qs into dir
+// (eval.References) and returns them and the pool calls made.
+func references(ctx context.Context, cfg config.Config, qs []data.Example, dir string, o Options) ([]eval.Row, int64, error) {
+	train, val, err := cfg.Data.LoadTrain()
+	if err != nil {
+		return nil, 0, err
+	}
+	env, err := rollout.NewEnv(cfg, nil, rollout.AnswerBank(train, val, qs), o.Log)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer env.Close()
+	o.Log.Info("table1: the reference rows: every pool model asked every question", "models", len(env.Pool.Models()), "questions", len(qs))
+	s := eval.Setup{Env: env, Batch: cfg.Eval.Batch, Seed: cfg.Train.Seed, Pool: cfg.Pool, InDomain: cfg.Data.InDomain()}
+	refs, err := eval.References(ctx, s, qs, dir, o.Log, o.Progress)
+	var calls int64
+	for _, u := range env.Pool.Usage() {
+		calls += u.Calls
+	}
+	return refs, calls, err
+}
+
 // rowSetup is an evaluation setup with the policy and pool it opened.
 type rowSetup struct {
 	setup eval.Setup
@@ -273,7 +306,8 @@ func openSetup(cfg config.Config, ck string, qs []data.Example, o Options) (*row
 		return nil, err
 	}
 	s := eval.Setup{Env: env, Batch: cfg.Eval.Batch, Seed: cfg.Train.Seed, Largest: o.Largest, Selector: o.Selector,
-		KNNLog: o.KNNLog, KNNK: o.KNNK, Pool: cfg.Pool, Embedding: cfg.Embedding, EmbeddingCache: embed.CacheDir(cfg.Pool.CacheDir)}
+		KNNLog: o.KNNLog, KNNK: o.KNNK, Pool: cfg.Pool, Embedding: cfg.Embedding, EmbeddingCache: embed.CacheDir(cfg.Pool.CacheDir),
+		InDomain: cfg.Data.InDomain()}
 	return &rowSetup{setup: s, close: func() { env.Close(); eng.Close() }}, nil
 }
 

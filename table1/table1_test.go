@@ -138,11 +138,25 @@ func TestTable1TrainsOnceAndReuses(t *testing.T) {
 			t.Errorf("%s: %.2f calls per question, want %.0f", label, got, calls)
 		}
 	}
+	// The reference rows: the best single model is at least as good as
+	// the largest one (the Largest LLM row asks it the same questions), the
+	// oracle at least as good as the best.
+	if len(first.References) != 3 {
+		t.Fatalf("%d reference rows, want oracle, best and cheapest", len(first.References))
+	}
+	oracle, best := first.References[0], first.References[1]
+	if oracle.Reference != eval.RefOracle || best.Reference != eval.RefBest || best.Avg.EM < byLabel["Largest LLM"].Avg.EM || oracle.Avg.EM < best.Avg.EM {
+		t.Errorf("reference rows %+v, %+v: want the oracle ≥ the best single model ≥ Largest LLM (%.3f)", oracle, best, byLabel["Largest LLM"].Avg.EM)
+	}
 	out := filepath.Join(work, "eval-test")
 	for _, f := range []string{"table.json", "table.csv", "table.md"} {
-		if b, err := os.ReadFile(filepath.Join(out, f)); err != nil || !bytes.Contains(b, []byte("Router-R1")) {
-			t.Errorf("%s: %v, want a table naming every row", f, err)
+		if b, err := os.ReadFile(filepath.Join(out, f)); err != nil || !bytes.Contains(b, []byte("Router-R1")) || !bytes.Contains(b, []byte(best.Model)) ||
+			!bytes.Contains(b, []byte("cost_per_question")) && !bytes.Contains(b, []byte("cost/q")) {
+			t.Errorf("%s: %v, want a table naming every row, the reference rows and the cost per question", f, err)
 		}
+	}
+	if !strings.Contains(text.String(), "-- "+eval.GroupReference) || !strings.Contains(text.String(), "cost/question") {
+		t.Errorf("the printed table lacks the reference rows or the cost per question:\n%s", text.String())
 	}
 
 	before := mtimes(t, work)

@@ -12,7 +12,6 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/recal-project/recal/ablate"
-	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/torchbridge"
 )
 
@@ -27,9 +26,12 @@ func ablateCommand() *cli.Command {
 			"RUN_DIR/seed-N/warmup, shared by every variant (it does not depend on [calibration]),\n" +
 			"then GRPO of each variant in RUN_DIR/seed-N/<variant>, continuing that warm-up exactly as\n" +
 			"one `recal train` of warm-up + GRPO would; then each variant's checkpoints/best (else\n" +
-			"checkpoints/last) is evaluated on --split. Writes ablation.{json,csv,md} (a row per\n" +
-			"variant: EM per dataset, in-domain, out-of-domain and overall averages, mean ± sample\n" +
-			"std over seeds; per-seed values in the JSON and CSV) and ablation_reward.{png,svg} (the\n" +
+			"checkpoints/last) is evaluated on --split of data.test (or --datasets). Writes\n" +
+			"ablation.{json,csv,md} (a row per variant: EM per dataset, in-domain (data.train's),\n" +
+			"out-of-domain and overall averages and cost per question, mean ± sample std over seeds;\n" +
+			"per-seed values in the JSON and CSV; then the reference rows: the oracle, best and\n" +
+			"cheapest single pool model, every pool model asked every question into\n" +
+			"RUN_DIR/reference-<split>) and ablation_reward.{png,svg} (the\n" +
 			"answer reward over steps per variant, mean over seeds, min–max band) into RUN_DIR.\n" +
 			"Resumable: run it again after a kill and finished runs and evaluations are reused,\n" +
 			"an interrupted one continues from its checkpoint. A run folder trained with another\n" +
@@ -39,7 +41,8 @@ func ablateCommand() *cli.Command {
 			&cli.StringFlag{Name: "run-dir", Value: "runs/ablate", Usage: "study folder: seed-N/warmup, seed-N/<variant>, the table and the figure"},
 			&cli.StringFlag{Name: "seeds", Usage: "comma-separated train.seed values, each a full set of runs (default: the config's train.seed alone)"},
 			&cli.IntFlag{Name: "steps", Usage: "GRPO steps per variant (default: train.steps); said in the table's notes"},
-			&cli.StringFlag{Name: "split", Value: "all", Usage: "test split of the table: id, ood or all"},
+			splitFlag(),
+			datasetsFlag(),
 			&cli.IntFlag{Name: "window", Usage: "moving average of the figure, in logged steps (default 10; 1 = none)"},
 		),
 		Action: runAblate,
@@ -55,8 +58,9 @@ func runAblate(ctx context.Context, cmd *cli.Command) error {
 	if err := setThreadsFrom(cmd, cfg.Policy.Threads); err != nil {
 		return err
 	}
-	if _, err := data.Split(cmd.String("split")); err != nil {
-		return usageError{err}
+	names, sel, err := evalSelection(cmd, cfg)
+	if err != nil {
+		return err
 	}
 	seeds := []int64{cfg.Train.Seed}
 	if cmd.IsSet("seeds") {
@@ -64,7 +68,7 @@ func runAblate(ctx context.Context, cmd *cli.Command) error {
 			return usageError{err}
 		}
 	}
-	o := ablate.Options{Root: cmd.String("run-dir"), Seeds: seeds, Split: cmd.String("split"), Window: int(cmd.Int("window")),
+	o := ablate.Options{Root: cmd.String("run-dir"), Seeds: seeds, Split: sel, Datasets: names, Window: int(cmd.Int("window")),
 		Log: slog.Default(), Progress: progressFunc()}
 	if o.Window < 0 {
 		return usageError{fmt.Errorf("--window %d: must be ≥ 0", o.Window)}

@@ -140,6 +140,7 @@ func outputsReference() docgen.OutputsPage {
 			{Title: "Evaluation (recal eval, recal table1)", About: "`recal eval --out DIR` (default: `eval-<split>` in the checkpoint's run folder) writes these; rerun with the same `--out`, it finishes an interrupted evaluation. `recal table1 --work DIR` writes one folder per row under `DIR/eval-<split>/` and the table beside them.",
 				Files: []docgen.OutputFile{
 					{Path: "DIR/results-ROUTER.jsonl", About: "One line per question a router answered. Kept only for the same inputs: results of other inputs are moved aside as `results-ROUTER.<id>.jsonl`.", Pkg: "rollout", Type: "QuestionResult"},
+					{Path: "DIR/results-model-MODEL.jsonl", About: "One line per question pool model MODEL answered directly (every model is asked every question): the answers the reference rows (oracle, best and cheapest single model) are computed from; kept and resumed as a router's results, with their `.id.json`. `recal table1` keeps them in `WORK/eval-SPLIT/reference`, `recal ablate` in `RUN_DIR/reference-SPLIT`.", Pkg: "rollout", Type: "QuestionResult"},
 					{Path: "DIR/results-ROUTER.id.json", About: "The identity of the results beside it: the digest of everything that decides the answers (the checkpoint's files, the pool, the protocol, the router's own inputs).", Pkg: "eval", Type: "identity"},
 					{Path: "DIR/table.json", About: "The table, routers as rows and datasets as columns; `table.csv` and `table.md` hold the same numbers.", Pkg: "eval", Type: "Table"},
 					{Path: "WORK/eval-SPLIT/table.json", About: "`recal table1`'s table, the paper's rows in the paper's groups; with `table.csv` and `table.md`.", Pkg: "eval", Type: "PaperTable"},
@@ -215,7 +216,7 @@ var outputNotes = map[string]string{
 	"rollout.Score.F1":                  "mean token F1",
 	"rollout.Score.N":                   "questions scored",
 	"rollout.Score.Calls":               "pool calls per question",
-	"rollout.Score.Cost":                "mean pool cost per question, USD",
+	"rollout.Score.Cost":                "the pool cost of these questions in USD: a total, not per question (n counts them)",
 	"rollout.Score.WellFormed":          "share of well-formed responses",
 
 	"trainer.State.Step":    "the last GRPO step the checkpoint includes (0 after the warm-up)",
@@ -240,12 +241,12 @@ var outputNotes = map[string]string{
 	"rollout.QuestionResult.Cost":       "the calls' cost in USD",
 	"rollout.QuestionResult.Response":   "the whole response, with the inserted <information> blocks",
 
-	"eval.identity.Router": "the router's name",
-	"eval.identity.Inputs": "each input the router's answers depend on, by name (checkpoint digest, pool, protocol, …)",
-	"eval.Table.Datasets":  "the datasets, as the table's columns",
-	"eval.Table.Rows":      "one row per router, in the order evaluated",
-	"eval.Row.Router":      "the router's name",
-	"eval.Row.Datasets":    "its score per dataset",
+	"eval.identity.Router":  "the router's name",
+	"eval.identity.Inputs":  "each input the router's answers depend on, by name (checkpoint digest, pool, protocol, …)",
+	"eval.Table.Datasets":   "the datasets, as the table's columns",
+	"eval.Table.Rows":       "one row per router, in the order evaluated",
+	"eval.Table.References": "the reference rows, not routers: the oracle, the best and the cheapest single pool model (docs/evaluation.md)",
+	"eval.Row.Datasets":     "its score per dataset",
 
 	"eval.PaperTable.Split":    `the test split evaluated ("all", "id", "ood")`,
 	"eval.PaperTable.Datasets": "the datasets, as the table's columns",
@@ -266,7 +267,7 @@ var outputNotes = map[string]string{
 	"ablate.Stat.N":         "the seeds averaged",
 	"ablate.Row.PerSeed":    "each seed's values",
 	"ablate.SeedRow.Seed":   "the seed",
-	"ablate.SeedRow.Values": "exact match per column (datasets and averages)",
+	"ablate.SeedRow.Values": "exact match per column (datasets and averages) and the cost per question in USD (cost_per_q)",
 
 	"baselines.Outcome.Dataset":       "the question's dataset",
 	"baselines.Outcome.Question":      "the question",

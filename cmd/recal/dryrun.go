@@ -187,6 +187,7 @@ func dryRunEval(w io.Writer, cfg config.Config, configPath, checkpoint string, s
 		}
 	}
 	p.line("routers      %s", strings.Join(s.routers, ", "))
+	p.line("references   oracle, best and cheapest single model: each of the %d pool models asked every question", len(pc.Models))
 	p.checkCreatable("--out", s.out)
 	p.line("out          %s", s.out)
 	return p.finish(w)

@@ -20,8 +20,8 @@ const defaultRouters = "policy,direct,largest,random,prompt,knn"
 
 func evalFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: "split", Value: "all", Usage: "test split: id (nq, hotpotqa), ood (the other five) or all"},
-		&cli.StringFlag{Name: "datasets", Usage: "comma-separated datasets (instead of --split)"},
+		splitFlag(),
+		datasetsFlag(),
 		&cli.StringFlag{Name: "routers", Value: defaultRouters, Usage: "comma-separated routers: " + strings.Join(eval.RouterNames(), ", ")},
 		&cli.StringFlag{Name: "extra-models", Usage: "TOML file of [[models]] added to the pool at evaluation only (unseen models)"},
 		&cli.StringFlag{Name: "largest", Usage: "pool model of the largest router (default: highest output price)"},
@@ -43,7 +43,12 @@ func evalCommand() *cli.Command {
 			"with the same --out finishes an interrupted evaluation without redoing what was done.\n" +
 			"A results file of other inputs (another checkpoint's weights, pool or settings) is\n" +
 			"moved aside to results-<router>.<id>.jsonl (and taken back when those inputs return),\n" +
-			"never mixed in. --dry-run checks everything first and writes nothing.",
+			"never mixed in. Below the routers, the table's reference rows: the oracle (a question\n" +
+			"is right when any pool model answers it right), the best and the cheapest single pool\n" +
+			"model, from every pool model asked every question (results-model-<model>.jsonl, kept\n" +
+			"and resumed alike); every row has its cost per question. --split's id and ood are the\n" +
+			"datasets of data.test also in data.train and the others. --dry-run checks everything\n" +
+			"first and writes nothing.",
 		Flags: append(append(configFlags(),
 			&cli.StringFlag{Name: "checkpoint", Usage: "policy checkpoint folder, or a training run folder: its checkpoints/best, else checkpoints/last (required for the policy and direct routers)"},
 			&cli.StringFlag{Name: "out", Usage: "output folder (default <checkpoint>/../../eval-<split>, or runs/eval-<split>)"},
@@ -109,7 +114,7 @@ func runEval(ctx context.Context, cmd *cli.Command) error {
 		slog.Info("evaluating the run's checkpoint", "picked", which, "checkpoint", ck)
 	}
 	if cmd.Bool("dry-run") {
-		names, sel, err := evalSelection(cmd)
+		names, sel, err := evalSelection(cmd, cfg)
 		if err != nil {
 			return err
 		}
@@ -157,7 +162,11 @@ func runEval(ctx context.Context, cmd *cli.Command) error {
 		progress = nil // one progress display: rank 0's
 	}
 	table, err := eval.Run(ctx, s, qs, routers, out, slog.Default(), progress)
-	if err != nil || launch.Rank > 0 {
+	if err != nil {
+		return err
+	}
+	// The reference rows: every pool model asked every question.
+	if table.References, err = eval.References(ctx, s, qs, out, slog.Default(), progress); err != nil || launch.Rank > 0 {
 		return err // rank 0 writes the tables
 	}
 	if err := table.Write(out); err != nil {

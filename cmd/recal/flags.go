@@ -89,14 +89,28 @@ func withExtraModels(cfg config.Config, path string) (config.Config, error) {
 	return cfg, nil
 }
 
-// evalSelection names the test datasets of --split or --datasets, and the
-// selection's name for the default --out.
-func evalSelection(cmd *cli.Command) ([]string, string, error) {
+// splitFlag is --split of the commands that evaluate on test datasets.
+func splitFlag() cli.Flag {
+	return &cli.StringFlag{Name: "split", Value: "all", Usage: "test split of data.test: id (those also in data.train: in domain), ood (the others) or all"}
+}
+
+// datasetsFlag is --datasets, which replaces --split.
+func datasetsFlag() cli.Flag {
+	return &cli.StringFlag{Name: "datasets", Usage: "comma-separated test datasets (instead of --split)"}
+}
+
+// evalSelection names the test datasets of --split (of the config's
+// data.test: data.Config.TestSplit) or --datasets, and the selection's
+// name for the default --out.
+func evalSelection(cmd *cli.Command, cfg config.Config) ([]string, string, error) {
 	sel := cmd.String("split")
-	names, err := data.Split(sel)
+	var names []string
+	var err error
 	if cmd.IsSet("datasets") {
 		sel = strings.ReplaceAll(cmd.String("datasets"), ",", "+")
 		names, err = data.Expand(strings.Split(cmd.String("datasets"), ","))
+	} else {
+		names, err = cfg.Data.TestSplit(sel)
 	}
 	if err != nil {
 		return nil, "", usageError{err}
@@ -106,7 +120,7 @@ func evalSelection(cmd *cli.Command) ([]string, string, error) {
 
 // evalQuestions loads the test questions of --split or --datasets.
 func evalQuestions(cmd *cli.Command, cfg config.Config) ([]data.Example, string, error) {
-	names, sel, err := evalSelection(cmd)
+	names, sel, err := evalSelection(cmd, cfg)
 	if err != nil {
 		return nil, "", err
 	}

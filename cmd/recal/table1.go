@@ -30,13 +30,15 @@ func table1Command() *cli.Command {
 			"as --checkpoint's run trained unless --r1-steps, from that run's warm-up checkpoint when\n" +
 			"it has one, so that Router-R1 and ReCal differ in the RL algorithm). Both RL rows evaluate\n" +
 			"their run's checkpoints/best, else checkpoints/last. Rerunning reuses all of it and every\n" +
-			"answer.\n" +
+			"answer. Below the paper's rows, the reference rows (not routers): the oracle, the best and\n" +
+			"the cheapest single pool model, every pool model asked every question (into\n" +
+			"--work/eval-<split>/reference); every row has its cost per question.\n" +
 			"Writes --work/eval-<split>/table.{json,csv,md} and prints the table.",
 		Flags: append(configFlags(),
 			&cli.StringFlag{Name: "work", Value: "runs/table1", Usage: "work folder: outcome matrix, fitted routers, checkpoints, results, table"},
 			&cli.StringFlag{Name: "checkpoint", Value: "runs/recal", Usage: "the ReCal policy: a training run folder (its checkpoints/best, else last; make train's by default) or a checkpoint folder RUN/checkpoints/X"},
-			&cli.StringFlag{Name: "split", Value: "all", Usage: "test split: id, ood or all"},
-			&cli.StringFlag{Name: "datasets", Usage: "comma-separated datasets (instead of --split)"},
+			splitFlag(),
+			datasetsFlag(),
 			&cli.IntFlag{Name: "sft-steps", Usage: "steps of the SFT-direct fit (default sft.steps)"},
 			&cli.IntFlag{Name: "r1-steps", Usage: "PPO steps of the Router-R1 policy (default: train.steps of --checkpoint's run, from its config.toml: ReCal's step budget)"},
 			&cli.StringFlag{Name: "r1-start", Usage: "checkpoint Router-R1 starts from, with no warm-up (default: checkpoints/sft of --checkpoint's run, else policy.checkpoint with the [sft] warm-up)"},
@@ -51,7 +53,7 @@ func table1Command() *cli.Command {
 			if err != nil {
 				return err
 			}
-			names, sel, err := evalSelection(cmd)
+			names, sel, err := evalSelection(cmd, cfg)
 			if err != nil {
 				return err
 			}
