@@ -1,7 +1,9 @@
 package llmpool
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -177,5 +179,27 @@ func TestMissingAPIKeyEnvFailsAtConstruction(t *testing.T) {
 	}
 	if _, err := New(cfg, withEnv("RECAL_TEST_UNSET_NIM_API_KEY", "  ")); err == nil {
 		t.Error("New with a blank key succeeded, want the same error")
+	}
+}
+
+// Identities (baselines.PoolIdentity, eval's results keys) hash a pool's
+// models as JSON: a model without a replay section must encode as it did
+// before the replay provider existed, or every outcome folder and eval
+// result made before would be set aside as another pool's.
+func TestModelConfigJSONWithoutReplay(t *testing.T) {
+	for _, c := range []struct {
+		m    ModelConfig
+		want bool
+	}{
+		{ModelConfig{Name: "a", Provider: "sim", Sim: &SimConfig{}}, false},
+		{ModelConfig{Name: "b", Provider: "replay", Replay: &ReplayConfig{Log: "x.jsonl"}}, true},
+	} {
+		b, err := json.Marshal(c.m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := bytes.Contains(b, []byte(`"Replay"`)); got != c.want {
+			t.Errorf("%s: JSON %s holds Replay: %v, want %v", c.m.Name, b, got, c.want)
+		}
 	}
 }
