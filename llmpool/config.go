@@ -83,9 +83,7 @@ type ModelConfig struct {
 	// Sim holds the settings of provider "sim" ([pool.models.sim]).
 	Sim *SimConfig `toml:"sim"`
 	// Replay holds the settings of provider "replay" ([pool.models.replay]).
-	// Left out of the JSON that identities hash when nil, so the identity
-	// of a pool without replayed models is what it was before replay.
-	Replay *ReplayConfig `toml:"replay" json:",omitempty"`
+	Replay *ReplayConfig `toml:"replay" json:",omitempty"` // omitempty: a pool without replay keeps its identity (the JSON identities hash)
 }
 
 // OpenAIConfig is the [pool.models.openai] table: an OpenAI-compatible

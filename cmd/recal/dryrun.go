@@ -1,7 +1,6 @@
 package main
 
 import (
-	"fmt"
 	"io"
 	"path/filepath"
 	"slices"
@@ -61,17 +60,6 @@ func (p *preflight) finish(w io.Writer) error {
 		return usageError{err}
 	}
 	return nil
-}
-
-// planMemory is the weights' memory alone, for serve.go's summary line
-// (which says the KV cache comes on top); the whole plan is printed by
-// memory.
-func planMemory(params int64, pc config.Policy, _ *config.Config) string {
-	es := int64(4)
-	if pc.DType == "bfloat16" {
-		es = 2
-	}
-	return fmt.Sprintf("weights %.2f GiB", hfmodel.GiB(params*es))
 }
 
 // memory prints the job's memory plan per rank and its verdict.

@@ -12,6 +12,7 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/recal-project/recal/config"
+	pf "github.com/recal-project/recal/preflight"
 	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/serve"
 )
@@ -143,10 +144,7 @@ func dryRunServe(w io.Writer, cfg config.Config, configPath, checkpoint, name, t
 	p.line("config       %s", configPath)
 	size, _ := p.checkPolicy("--checkpoint", checkpoint)
 	p.line("device       %s, %s", cfg.Policy.Device, cfg.Policy.DType)
-	if size.cfg != nil {
-		p.line("memory       %s, on %s (the policy only; the KV cache of serve.max_batch = %d rows comes on top)",
-			planMemory(size.params, cfg.Policy, nil), cfg.Policy.Device, cfg.Serve.MaxBatch)
-	}
+	p.memory(cfg, size.cfg, pf.Job{World: 1, Rows: cfg.Serve.MaxBatch, RowsKey: "serve.max_batch"})
 	p.checkPool(cfg.Pool, cfg.Router)
 	s := cfg.Serve
 	if _, err := s.APIKey(); err != nil {
