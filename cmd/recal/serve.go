@@ -144,8 +144,8 @@ func dryRunServe(w io.Writer, cfg config.Config, configPath, checkpoint, name, t
 	p.line("config       %s", configPath)
 	size, _ := p.checkPolicy("--checkpoint", checkpoint)
 	p.line("device       %s, %s", cfg.Policy.Device, cfg.Policy.DType)
+	p.checkPool(cfg.Pool, cfg.Router) // before the plan: it sets the rows' response capacity
 	p.memory(cfg, size.cfg, pf.Job{World: 1, Rows: cfg.Serve.MaxBatch, RowsKey: "serve.max_batch"})
-	p.checkPool(cfg.Pool, cfg.Router)
 	s := cfg.Serve
 	if _, err := s.APIKey(); err != nil {
 		p.problem("serve.api_key_env: %v", err)
