@@ -135,11 +135,13 @@ type Train struct {
 	// recal.models. The draw (a size uniform in 1..K, then the members and
 	// their order) is a pure function of (train.seed, step, question id),
 	// so the G responses of a group share it and data-parallel ranks,
-	// rollout workers and --resume give the same run bit for bit. 0 = off
-	// (every prompt lists the full pool, as before the key). Validation,
-	// evaluation, serving's unrestricted requests and the SFT warm-up
-	// always list the full pool. The load-balance counts stay over the
-	// whole pool (docs/training.md, "Model subsets").
+	// rollout workers and --resume give the same run bit for bit. The
+	// [sft] warm-up's demonstrations draw the same way (with the warm-up
+	// step for the step) and call a model of their list. 0 = off (every
+	// prompt lists the full pool, as before the key). Validation,
+	// evaluation and serving's unrestricted requests always list the full
+	// pool. The load-balance counts stay over the whole pool
+	// (docs/training.md, "Model subsets").
 	ModelSubsets float64 `toml:"model_subsets"`
 	// EMADecay is α of the load-balance reward's routing counts.
 	EMADecay float64 `toml:"ema_decay"`
