@@ -50,7 +50,7 @@ func TestConfigChanges(t *testing.T) {
 		{"the learning-rate schedule and keep_best are training keys", []string{"train.lr_schedule=cosine", "train.warmup_steps=5",
 			"train.min_lr_ratio=0.1", "train.keep_best=false"}, nil,
 			`train.keep_best=true>false train.lr_schedule="constant">"cosine" train.min_lr_ratio=0>0.1 train.warmup_steps=0>5`, nil},
-		{"train.model_subsets is a training key (the prompts change)", []string{"train.model_subsets=0.5"}, nil, "train.model_subsets=0>0.5", nil},
+		{"train.model_subsets is a training key (the prompts change)", []string{"train.model_subsets=0.5"}, nil, "train.model_subsets=1>0.5", nil},
 		{"train.steps with a decaying schedule (it spans the steps)", []string{"train.lr_schedule=linear", "train.steps=400"}, nil, "",
 			[]string{`train.lr_schedule="constant">"linear"`, "train.steps=300>400"}},
 		{"a model removed", nil, func(c *config.Config) { c.Pool.Models = c.Pool.Models[:2] }, "",

@@ -135,24 +135,7 @@ func TestModelSubset(t *testing.T) {
 // drawn order, and the format reward accepts exactly their names; an
 // unrestricted question gets the environment's own prompt.
 func TestRowPrompt(t *testing.T) {
-	cfg, err := config.Load("../recal.toml", []string{"pool.cache=off"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool, err := llmpool.New(cfg.Pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pool.Close() })
-	tok, err := tokenizer.Load("../tokenizer/qwen2.5")
-	if err != nil {
-		t.Fatal(err)
-	}
-	prompt, err := router.NewPrompt(cfg.Router.PromptTemplate, pool.Models(), cfg.Router.MaxTurns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := (&rollout.Env{Engine: &rollout.Engine{Tok: tok, CtxLen: 8192}, Pool: pool}).WithPrompt(prompt, cfg.Router)
+	env, pool, tok := subsetEnv(t)
 	sub := rolloutEnv(env, config.Train{ModelSubsets: 1, NoRepeatNGram: env.Router.NoRepeatNGram})
 	if sub == env || env.ModelSubsets != 0 {
 		t.Fatal("the rollouts' environment must be a copy: validation keeps the full pool")
@@ -216,24 +199,7 @@ func toInts(v []int32) []int {
 // named an unlisted model would teach the policy to ignore the list. Without
 // the key every demonstration lists the full pool.
 func TestDemosCallListedModels(t *testing.T) {
-	cfg, err := config.Load("../recal.toml", []string{"pool.cache=off"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool, err := llmpool.New(cfg.Pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pool.Close() })
-	tok, err := tokenizer.Load("../tokenizer/qwen2.5")
-	if err != nil {
-		t.Fatal(err)
-	}
-	prompt, err := router.NewPrompt(cfg.Router.PromptTemplate, pool.Models(), cfg.Router.MaxTurns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := (&rollout.Env{Engine: &rollout.Engine{Tok: tok, CtxLen: 8192}, Pool: pool}).WithPrompt(prompt, cfg.Router)
+	env, pool, tok := subsetEnv(t)
 	sub := env.WithPrompt(env.Prompt, env.Router)
 	sub.ModelSubsets = 1
 	var qs []data.Example
@@ -281,4 +247,29 @@ func TestDemosCallListedModels(t *testing.T) {
 			}
 		})
 	}
+}
+
+// subsetEnv is the offline default's pool and protocol with the real
+// tokenizer and no policy: enough to render prompts and demonstrations.
+func subsetEnv(t *testing.T) (*rollout.Env, *llmpool.Pool, *tokenizer.Tokenizer) {
+	t.Helper()
+	cfg, err := config.Load("../recal.toml", []string{"pool.cache=off"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := llmpool.New(cfg.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pool.Close() })
+	tok, err := tokenizer.Load("../tokenizer/qwen2.5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt, err := router.NewPrompt(cfg.Router.PromptTemplate, pool.Models(), cfg.Router.MaxTurns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := (&rollout.Env{Engine: &rollout.Engine{Tok: tok, CtxLen: 8192}, Pool: pool}).WithPrompt(prompt, cfg.Router)
+	return env, pool, tok
 }
