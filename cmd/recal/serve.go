@@ -140,18 +140,18 @@ func runServe(ctx context.Context, cmd *cli.Command) error {
 
 // dryRunServe is `recal serve --dry-run`: what runServe would load and use.
 func dryRunServe(w io.Writer, cfg config.Config, configPath, checkpoint, name, trace string) error {
-	p := &preflight{command: "serve"}
-	p.line("config       %s", configPath)
-	size, _ := p.checkPolicy("--checkpoint", checkpoint)
-	p.line("device       %s, %s", cfg.Policy.Device, cfg.Policy.DType)
-	p.checkPool(cfg.Pool, cfg.Router) // before the plan: it sets the rows' response capacity
-	p.memory(cfg, size.cfg, pf.Job{World: 1, Rows: cfg.Serve.MaxBatch, RowsKey: "serve.max_batch"})
+	p := pf.New("serve")
+	p.Line("config       %s", configPath)
+	pol, _ := p.Policy("--checkpoint", checkpoint)
+	p.Line("device       %s, %s", cfg.Policy.Device, cfg.Policy.DType)
+	p.Pool(cfg.Pool, cfg.Router) // before the plan: it sets the rows' response capacity
+	dryRunMemory(p, cfg, pol.Config, pf.Job{World: 1, Rows: cfg.Serve.MaxBatch, RowsKey: "serve.max_batch"})
 	s := cfg.Serve
 	if _, err := s.APIKey(); err != nil {
-		p.problem("serve.api_key_env: %v", err)
+		p.Problem("serve.api_key_env: %v", err)
 	}
 	if ln, err := net.Listen("tcp", s.Addr); err != nil {
-		p.problem("serve.addr: cannot listen on %s: %v", s.Addr, err)
+		p.Problem("serve.addr: cannot listen on %s: %v", s.Addr, err)
 	} else {
 		ln.Close()
 	}
@@ -159,7 +159,7 @@ func dryRunServe(w io.Writer, cfg config.Config, configPath, checkpoint, name, t
 	if s.MetricsAddr != "" {
 		metrics = "on " + s.MetricsAddr
 		if ln, err := net.Listen("tcp", s.MetricsAddr); err != nil {
-			p.problem("serve.metrics_addr: cannot listen on %s: %v", s.MetricsAddr, err)
+			p.Problem("serve.metrics_addr: cannot listen on %s: %v", s.MetricsAddr, err)
 		} else {
 			ln.Close()
 		}
@@ -168,13 +168,13 @@ func dryRunServe(w io.Writer, cfg config.Config, configPath, checkpoint, name, t
 		metrics += " with the token"
 	}
 	if trace != "" {
-		p.checkCreatable("--trace", filepath.Dir(trace))
+		p.Creatable("--trace", filepath.Dir(trace))
 	}
 	auth := "none"
 	if s.APIKeyEnv != "" {
 		auth = "bearer token from $" + s.APIKeyEnv
 	}
-	p.line("serve        %s as %s: %d rows decoding, %d queued, timeout %s, drain %s, auth %s, /metrics %s",
+	p.Line("serve        %s as %s: %d rows decoding, %d queued, timeout %s, drain %s, auth %s, /metrics %s",
 		s.Addr, name, s.MaxBatch, s.MaxQueue, s.RequestTimeout, s.DrainTimeout, auth, metrics)
-	return p.finish(w)
+	return dryRunFinish(p, w)
 }
