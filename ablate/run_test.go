@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"math"
 	"os"
@@ -21,6 +20,7 @@ import (
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/eval"
 	"github.com/recal-project/recal/internal/runlock"
+	"github.com/recal-project/recal/internal/testenv"
 	"github.com/recal-project/recal/internal/testpolicy"
 	"github.com/recal-project/recal/plot"
 	"github.com/recal-project/recal/trainer"
@@ -117,7 +117,7 @@ func TestAblateSharedWarmupEqualsCombinedRun(t *testing.T) {
 			if err := trainer.Train(ctx, WarmupConfig(vc), trainer.Options{RunDir: warm, Log: quietLog()}); err != nil {
 				t.Fatal(err)
 			}
-			before := mtimes(t, warm)
+			before := testenv.Mtimes(t, warm)
 			if err := Seed(split, warm, vc); err != nil {
 				t.Fatal(err)
 			}
@@ -140,7 +140,7 @@ func TestAblateSharedWarmupEqualsCombinedRun(t *testing.T) {
 			if a, b := withoutTimes(t, filepath.Join(combined, "metrics.jsonl")), withoutTimes(t, filepath.Join(split, "metrics.jsonl")); a != b {
 				t.Errorf("metrics.jsonl differs (times aside):\ncombined %s\nsplit    %s", a, b)
 			}
-			for p, m := range mtimes(t, warm) {
+			for p, m := range testenv.Mtimes(t, warm) {
 				if !before[p].Equal(m) {
 					t.Errorf("%s changed: the variant's run wrote into the shared warm-up", p)
 				}
@@ -155,7 +155,7 @@ func TestAblateSharedWarmupEqualsCombinedRun(t *testing.T) {
 // figure.
 func studyFiles(t *testing.T, root string) map[string]time.Time {
 	t.Helper()
-	out := mtimes(t, root)
+	out := testenv.Mtimes(t, root)
 	for p := range out {
 		base := filepath.Base(p)
 		if strings.HasPrefix(base, "table.") || strings.HasPrefix(base, "ablation") {
@@ -208,7 +208,7 @@ func TestAblateSharesTheWarmup(t *testing.T) {
 	warmTimes := map[int64]map[string]time.Time{}
 	o.runDone = func(seed int64, variant string) {
 		if variant == studyVariants[0].Name { // the seed's first run: its warm-up is complete
-			warmTimes[seed] = mtimes(t, WarmupDir(full, seed))
+			warmTimes[seed] = testenv.Mtimes(t, WarmupDir(full, seed))
 		}
 	}
 	rep, err := Run(ctx, cfg, o)
@@ -220,7 +220,7 @@ func TestAblateSharesTheWarmup(t *testing.T) {
 	}
 	for _, seed := range seeds {
 		warm := WarmupDir(full, seed)
-		for p, m := range mtimes(t, warm) {
+		for p, m := range testenv.Mtimes(t, warm) {
 			if !warmTimes[seed][p].Equal(m) {
 				t.Errorf("%s changed after the first variant: the shared warm-up was trained or written again", p)
 			}
@@ -398,25 +398,4 @@ func mustEval(t *testing.T, p string) string {
 		t.Fatal(err)
 	}
 	return r
-}
-
-// mtimes maps every file under dir to its modification time.
-func mtimes(t *testing.T, dir string) map[string]time.Time {
-	t.Helper()
-	out := map[string]time.Time{}
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		out[p] = info.ModTime()
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
 }

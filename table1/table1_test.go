@@ -5,13 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/eval"
@@ -37,27 +35,6 @@ func table1Config(t *testing.T) config.Config {
 		t.Fatal(err)
 	}
 	return cfg
-}
-
-// mtimes maps every file under dir to its modification time.
-func mtimes(t *testing.T, dir string) map[string]time.Time {
-	t.Helper()
-	out := map[string]time.Time{}
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		out[p] = info.ModTime()
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
 }
 
 // Run makes what is missing, evaluates every row it can run and
@@ -159,7 +136,7 @@ func TestTable1TrainsOnceAndReuses(t *testing.T) {
 		t.Errorf("the printed table lacks the reference rows or the cost per question:\n%s", text.String())
 	}
 
-	before := mtimes(t, work)
+	before := testenv.Mtimes(t, work)
 	second, rep, err := Run(ctx, cfg, o)
 	if err != nil {
 		t.Fatal(err)
@@ -167,7 +144,7 @@ func TestTable1TrainsOnceAndReuses(t *testing.T) {
 	if len(rep.Made) != 0 || rep.Collected != 0 || rep.Calls != 0 {
 		t.Errorf("second run made %v, collected %d pairs and made %d pool calls; want nothing made and no call", rep.Made, rep.Collected, rep.Calls)
 	}
-	after := mtimes(t, work)
+	after := testenv.Mtimes(t, work)
 	for p, m := range before {
 		if strings.HasPrefix(filepath.Base(p), "table.") {
 			continue // the table is written again, with the same contents
@@ -272,7 +249,7 @@ func TestTable1RouterR1Reuse(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(dir, "start.digest"), []byte(digest), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			before := mtimes(t, dir)
+			before := testenv.Mtimes(t, dir)
 			o := Options{R1Steps: c.r1Steps, R1Start: start, Log: quietLog()}
 			made, err := routerR1(context.Background(), cfg, dir, recalRun, o)
 			if made {
@@ -290,7 +267,7 @@ func TestTable1RouterR1Reuse(t *testing.T) {
 					t.Errorf("error %q: want it to start with table1: router-r1: and name no other command", err)
 				}
 			}
-			after := mtimes(t, dir)
+			after := testenv.Mtimes(t, dir)
 			for p, m := range before {
 				if !after[p].Equal(m) {
 					t.Errorf("%s was written: a reused or refused run is left as it is", p)

@@ -2,10 +2,12 @@ package testenv
 
 import (
 	"encoding/json"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/recal-project/recal/config"
 )
@@ -49,6 +51,28 @@ func ReadJSONL(t testing.TB, path string) []map[string]any {
 			t.Fatalf("%s: %v", path, err)
 		}
 		out = append(out, m)
+	}
+	return out
+}
+
+// Mtimes maps every file under dir to its modification time, so a test can
+// tell which files a rerun wrote.
+func Mtimes(t testing.TB, dir string) map[string]time.Time {
+	t.Helper()
+	out := map[string]time.Time{}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		out[p] = info.ModTime()
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 	return out
 }
