@@ -211,21 +211,7 @@ func TestServiceMatchesAnswer(t *testing.T) {
 			const maxBatch = 2
 			s := startService(t, env, maxBatch, maxBatch)
 			got := make([]rollout.ServiceAnswer, len(qs))
-			stop := make(chan struct{})
-			peak := make(chan [2]int, 1)
-			go func() { // watch the load while the queries run
-				var most [2]int
-				defer func() { peak <- most }()
-				for {
-					a, w := s.Stats()
-					most = [2]int{max(most[0], a), max(most[1], w)}
-					select {
-					case <-stop:
-						return
-					case <-time.After(time.Millisecond):
-					}
-				}
-			}()
+			peak := watchLoad(s, time.Millisecond)
 			var wg sync.WaitGroup
 			for i, q := range qs {
 				wg.Go(func() {
@@ -238,8 +224,7 @@ func TestServiceMatchesAnswer(t *testing.T) {
 				})
 			}
 			wg.Wait()
-			close(stop)
-			most := <-peak
+			most := peak()
 			if most[0] > maxBatch {
 				t.Errorf("%d rows decoded at once; want at most max batch, %d", most[0], maxBatch)
 			}
@@ -366,21 +351,7 @@ func TestServiceMaxSamplings(t *testing.T) {
 		t.Errorf("NewService with max samplings 0: %v; want an error naming it", err)
 	}
 	s := startService(t, env, 4, 1)
-	stop := make(chan struct{})
-	peak := make(chan [2]int, 1)
-	go func() { // watch the load while the queries run
-		var most [2]int
-		defer func() { peak <- most }()
-		for {
-			a, w := s.Stats()
-			most = [2]int{max(most[0], a), max(most[1], w)}
-			select {
-			case <-stop:
-				return
-			case <-time.After(200 * time.Microsecond):
-			}
-		}
-	}()
+	peak := watchLoad(s, 200*time.Microsecond)
 	var wg sync.WaitGroup
 	for i, temp := range []float64{0.3, 0.6, 0.9, 1.2} {
 		wg.Go(func() {
@@ -392,8 +363,7 @@ func TestServiceMaxSamplings(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	close(stop)
-	if most := <-peak; most[0] != 1 {
+	if most := peak(); most[0] != 1 {
 		t.Errorf("at most %d rows decoded at once with 4 distinct temperatures and max samplings 1; want 1 (and the others waiting: at most %d did)", most[0], most[1])
 	}
 }
@@ -458,5 +428,29 @@ func TestServiceCancel(t *testing.T) {
 	}
 	if a, w := s.Stats(); a != 0 || w != 0 {
 		t.Errorf("after both queries: %d active, %d waiting; want 0, 0", a, w)
+	}
+}
+
+// watchLoad samples s.Stats every tick while queries run; the function it
+// returns stops the watch and gives the most rows seen decoding and waiting.
+func watchLoad(s *rollout.Service, tick time.Duration) func() [2]int {
+	stop := make(chan struct{})
+	peak := make(chan [2]int, 1)
+	go func() {
+		var most [2]int
+		defer func() { peak <- most }()
+		for {
+			a, w := s.Stats()
+			most = [2]int{max(most[0], a), max(most[1], w)}
+			select {
+			case <-stop:
+				return
+			case <-time.After(tick):
+			}
+		}
+	}()
+	return func() [2]int {
+		close(stop)
+		return <-peak
 	}
 }
