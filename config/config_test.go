@@ -101,6 +101,12 @@ provider = "openai"
 		{name: "negative model subsets", text: base, sets: []string{"train.model_subsets=-0.1"}, wantErr: "train.model_subsets = -0.1"},
 		{name: "model subsets NaN", text: base, sets: []string{"train.model_subsets=nan"}, wantErr: "train.model_subsets = NaN"},
 		{name: "model subsets not a number", text: base, sets: []string{"train.model_subsets=yes"}, wantErr: "train.model_subsets"},
+		{name: "rollout rows in rounds", text: base, sets: []string{"train.rollout_rows=4"}, check: func(c Config) bool { return c.Train.RolloutRows == 4 }},
+		{name: "negative rollout rows", text: base, sets: []string{"train.rollout_rows=-1"}, wantErr: "train.rollout_rows = -1"},
+		{name: "device memory of a card", text: base, sets: []string{"policy.device_memory=80"}, check: func(c Config) bool { return c.Policy.DeviceMemory == 80 }},
+		{name: "negative device memory", text: base, sets: []string{"policy.device_memory=-8"}, wantErr: "policy.device_memory = -8"},
+		{name: "device memory NaN", text: base, sets: []string{"policy.device_memory=nan"}, wantErr: "policy.device_memory"},
+		{name: "device memory infinite", text: base, sets: []string{"policy.device_memory=inf"}, wantErr: "policy.device_memory"},
 		{name: "negative ppo.kl_coef", text: base, sets: []string{"ppo.kl_coef=-0.1"}, wantErr: "ppo.kl_coef = -0.1"},
 	}
 	for _, c := range cases {
