@@ -217,6 +217,17 @@ int rc_policy_zero_grad(rc_policy* p, char** err);
  * A no-op for a policy that has not stepped yet. */
 int rc_policy_reset_optimizer(rc_policy* p, char** err);
 
+/* Allocates now what the first update would otherwise allocate after the
+ * first backward: the optimizer state it lacks (zero moments and, for
+ * non-float32 policies, the master copy; of this rank's share when
+ * sharded) and, when bucket_bytes > 0, the float32 gradient sums as
+ * all-reduce buckets of that size (rc_dist_allreduce_grads with the same
+ * bucket_bytes then finds them there). Changes no value: the moments are
+ * zero, as a fresh optimizer's, and a backward adds into the zeroed sums.
+ * Allocated before the first activations, they are not placed after them
+ * in the heap, so the process's peak is the sum of what is live. */
+int rc_policy_prepare_update(rc_policy* p, int64_t bucket_bytes, char** err);
+
 /* Optimizer state: tensors are named "exp_avg/<param>", "exp_avg_sq/<param>"
  * and, for non-float32 policies, "master/<param>" (the float32 master copy);
  * read and written with rc_policy_get_param/rc_policy_set_param.
@@ -305,6 +316,10 @@ void rc_dist_free(rc_dist* d);
  * missing gradient counts as zeros; every gradient is defined afterwards on
  * every rank. */
 int rc_dist_allreduce_grads(rc_dist* d, rc_policy* p, char** err);
+
+/* rc_policy_prepare_update with this group's bucket size: the optimizer
+ * state and the gradient buckets rc_dist_allreduce_grads would make. */
+int rc_dist_prepare_update(rc_dist* d, rc_policy* p, char** err);
 
 /* After rc_policy_step on a policy sharded as this rank of this group
  * (rc_policy_shard_optimizer), gives every rank the parameter elements the

@@ -232,6 +232,10 @@ int rc_dist_allreduce_grads(rc_dist* d, rc_policy* p, char** err) {
   });
 }
 
+int rc_dist_prepare_update(rc_dist* d, rc_policy* p, char** err) {
+  return rc_policy_prepare_update(p, d->bucket_bytes, err);
+}
+
 int rc_dist_gather_params(rc_dist* d, rc_policy* p, char** err) {
   return guarded(err, [&] {
     if (p->shard_world != d->size || p->shard_rank != d->rank)

@@ -427,6 +427,15 @@ int rc_policy_zero_grad(rc_policy* p, char** err) {
   return guarded(err, [&] { p->clear_grads(); });
 }
 
+int rc_policy_prepare_update(rc_policy* p, int64_t bucket_bytes, char** err) {
+  return guarded(err, [&] {
+    if (!p->trainable) fail("prepare_update on a frozen policy");
+    torch::NoGradGuard ng;
+    ensure_optimizer(*p);
+    if (bucket_bytes > 0) p->bucket_grads(bucket_bytes);
+  });
+}
+
 int rc_policy_reset_optimizer(rc_policy* p, char** err) {
   return guarded(err, [&] {
     torch::NoGradGuard ng;

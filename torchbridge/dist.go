@@ -168,6 +168,22 @@ func (g *ProcessGroup) AllReduceGrads(ctx context.Context, p *Policy) error {
 	})
 }
 
+// PrepareUpdate is Policy.PrepareUpdate that also makes p's float32
+// gradient sums the buckets AllReduceGrads all-reduces (of
+// GroupOptions.BucketBytes), zeroed, before the first backward instead of
+// at the first all-reduce. Backwards then add into them; no value changes.
+// Local: no communication.
+func (g *ProcessGroup) PrepareUpdate(ctx context.Context, p *Policy) error {
+	if err := g.begin(ctx); err != nil {
+		return err
+	}
+	defer g.mu.Unlock()
+	return p.call(ctx, func(h *C.rc_policy) error {
+		var msg *C.char
+		return status(C.rc_dist_prepare_update(g.h, h, &msg), msg)
+	})
+}
+
 // GatherParams gives every rank the parameter elements the other ranks
 // updated, after Policy.Step on a policy whose optimizer state is sharded
 // over this group (Policy.ShardOptimizer(g.Rank(), g.Size())): ZeRO-1's

@@ -1,10 +1,12 @@
 package torchbridge_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math"
 	"math/rand"
+	"strings"
 	"testing"
 
 	"github.com/recal-project/recal/torchbridge"
@@ -204,3 +206,53 @@ func TestShardOptimizerSettings(t *testing.T) {
 }
 
 func bytesEqual(a, b []byte) bool { return string(a) == string(b) }
+
+// PrepareUpdate makes the optimizer state before the first backward: the
+// updates that follow are the unprepared policy's bit for bit (float32, and
+// bfloat16 with its float32 master copy), over two micro-batches per step;
+// a frozen policy is refused.
+func TestPrepareUpdate(t *testing.T) {
+	ctx := context.Background()
+	for _, dtype := range []string{"float32", "bfloat16"} {
+		t.Run(dtype, func(t *testing.T) {
+			pols := make([]*torchbridge.Policy, 2)
+			for i := range pols {
+				p, err := torchbridge.NewPolicy(tinyConfig(97, true), onDevice(torchbridge.Options{DType: dtype}))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer p.Close()
+				if err := p.InitRandom(5, 0.3); err != nil {
+					t.Fatal(err)
+				}
+				pols[i] = p
+			}
+			if err := pols[1].PrepareUpdate(ctx); err != nil {
+				t.Fatal(err)
+			}
+			adam := torchbridge.AdamW{LR: 3e-3, Beta1: 0.9, Beta2: 0.99, Eps: 1e-8, WeightDecay: 0.05, MaxGradNorm: 0.5}
+			for step := 0; step < 3; step++ {
+				seqs := lossBatch(t, pols[0], 97) // both policies hold the same weights here
+				for _, p := range pols {
+					for _, half := range [][]torchbridge.Sequence{seqs[:2], seqs[2:]} {
+						if _, err := p.Backward(ctx, half, torchbridge.LossOptions{ClipEps: 0.2, KLCoef: 0.1, Scale: 1.0 / 30, HeadChunk: 5}); err != nil {
+							t.Fatal(err)
+						}
+					}
+					if _, err := p.Step(ctx, adam); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if !bytes.Equal(weights(t, pols[0]), weights(t, pols[1])) {
+					t.Fatalf("step %d: the prepared policy's weights differ from the unprepared one's", step)
+				}
+			}
+			if err := pols[0].SetTrainable(false); err != nil {
+				t.Fatal(err)
+			}
+			if err := pols[0].PrepareUpdate(ctx); err == nil || !strings.Contains(err.Error(), "frozen") {
+				t.Fatalf("PrepareUpdate on a frozen policy: %v, want an error saying it is frozen", err)
+			}
+		})
+	}
+}

@@ -349,6 +349,22 @@ func (p *Policy) ResetOptimizer(ctx context.Context) error {
 	})
 }
 
+// PrepareUpdate allocates now the optimizer state the first update would
+// allocate after its backward: zero moments and, for a bfloat16 policy,
+// the float32 master weights (of this rank's share after ShardOptimizer).
+// With several ranks, ProcessGroup.PrepareUpdate also makes the gradient
+// buckets. It changes no value: the moments are a fresh optimizer's.
+// Called before the first backward, these long-lived tensors are not
+// placed after the backward's freed activations, which glibc keeps under
+// UseTrainingMalloc: the peak is then the sum of what is live, as
+// hfmodel.Config.PlanMemory plans it.
+func (p *Policy) PrepareUpdate(ctx context.Context) error {
+	return p.call(ctx, func(h *C.rc_policy) error {
+		var msg *C.char
+		return status(C.rc_policy_prepare_update(h, 0, &msg), msg)
+	})
+}
+
 // OptimizerStep is the number of AdamW updates applied since the policy was
 // created, its optimizer was loaded (LoadOptimizer) or reset.
 func (p *Policy) OptimizerStep(ctx context.Context) (int64, error) {

@@ -24,7 +24,8 @@ var zeroCases = []string{"float32", "bfloat16"}
 var zeroAdam = torchbridge.AdamW{LR: 3e-3, Beta1: 0.9, Beta2: 0.99, Eps: 1e-8, WeightDecay: 0.05, MaxGradNorm: 0.5}
 
 // Optimizer-state sharding (ZeRO-1) over N ranks updates exactly what the
-// unsharded N-rank job updates, bit for bit, for world sizes that divide
+// unsharded N-rank job updates, bit for bit (also with the shard and the
+// gradient buckets made ahead by ProcessGroup.PrepareUpdate), for world sizes that divide
 // the parameters and ones that do not, on one thread and on two; its
 // checkpoint, gathered whole, is the unsharded job's byte for byte, and a
 // job resumed from it with another world size, sharded or not, continues
@@ -53,12 +54,14 @@ func TestZeROMatchesUnsharded(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					b, err := os.ReadFile(filepath.Join(dir, dt+"-sharded.safetensors"))
-					if err != nil {
-						t.Fatal(err)
-					}
-					if !bytes.Equal(a, b) {
-						t.Errorf("%s: the sharded job's optimizer checkpoint, gathered whole, differs from the unsharded job's", dt)
+					for _, job := range []string{"sharded", "prepared"} {
+						b, err := os.ReadFile(filepath.Join(dir, dt+"-"+job+".safetensors"))
+						if err != nil {
+							t.Fatal(err)
+						}
+						if !bytes.Equal(a, b) {
+							t.Errorf("%s: the %s job's optimizer checkpoint, gathered whole, differs from the unsharded job's", dt, job)
+						}
 					}
 				}
 				run("zero-resume", 5-world) // 2 → 3 ranks, 3 → 2
@@ -137,22 +140,36 @@ func weights(t *testing.T, p *torchbridge.Policy) []byte {
 // weights.
 func helperZeRO(t *testing.T, ctx context.Context, g *torchbridge.ProcessGroup, dir string) {
 	for _, dt := range zeroCases {
-		plain, sharded := zeroPolicy(t, dt), zeroPolicy(t, dt)
+		plain, sharded, prepared := zeroPolicy(t, dt), zeroPolicy(t, dt), zeroPolicy(t, dt)
 		if err := sharded.ShardOptimizer(g.Rank(), g.Size()); err != nil {
+			t.Fatal(err)
+		}
+		// As trainer.Train: sharded, then the optimizer shard and the
+		// gradient buckets made before the first backward.
+		if err := prepared.ShardOptimizer(g.Rank(), g.Size()); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.PrepareUpdate(ctx, prepared); err != nil {
 			t.Fatal(err)
 		}
 		for step := 0; step < 3; step++ {
 			zeroStep(t, ctx, g, plain, false, step)
 			zeroStep(t, ctx, g, sharded, true, step)
+			zeroStep(t, ctx, g, prepared, true, step)
 			if !bytes.Equal(weights(t, plain), weights(t, sharded)) {
 				t.Fatalf("%s, step %d, rank %d of %d: the sharded policy's weights differ from the unsharded one's", dt, step, g.Rank(), g.Size())
 			}
+			if !bytes.Equal(weights(t, plain), weights(t, prepared)) {
+				t.Fatalf("%s, step %d, rank %d of %d: with its update prepared (PrepareUpdate), the sharded policy's weights differ from the unsharded one's", dt, step, g.Rank(), g.Size())
+			}
 		}
-		if err := g.GatherState(ctx, sharded, 0); err != nil {
-			t.Fatal(err)
+		for _, p := range []*torchbridge.Policy{sharded, prepared} {
+			if err := g.GatherState(ctx, p, 0); err != nil {
+				t.Fatal(err)
+			}
 		}
 		if g.Rank() == 0 {
-			for name, p := range map[string]*torchbridge.Policy{"plain": plain, "sharded": sharded} {
+			for name, p := range map[string]*torchbridge.Policy{"plain": plain, "sharded": sharded, "prepared": prepared} {
 				if err := p.SaveOptimizer(filepath.Join(dir, dt+"-"+name+".safetensors")); err != nil {
 					t.Fatal(err)
 				}
@@ -161,8 +178,10 @@ func helperZeRO(t *testing.T, ctx context.Context, g *torchbridge.ProcessGroup, 
 				t.Fatal(err)
 			}
 		}
-		if err := g.DropGatheredState(ctx, sharded); err != nil {
-			t.Fatal(err)
+		for _, p := range []*torchbridge.Policy{sharded, prepared} {
+			if err := g.DropGatheredState(ctx, p); err != nil {
+				t.Fatal(err)
+			}
 		}
 		if err := g.Barrier(ctx); err != nil {
 			t.Fatal(err)

@@ -50,6 +50,16 @@ type ranks struct {
 	// shard, when not nil, shards the policy's optimizer state over the
 	// ranks (dist.shard_optimizer, ZeRO-1).
 	shard *sharding
+	// prepare allocates the optimizer state (and, on a group that has
+	// them, the gradient buckets) before the first backward
+	// (torchbridge.Policy.PrepareUpdate, ProcessGroup.PrepareUpdate).
+	prepare func(ctx context.Context) error
+}
+
+// updatePreparer is a group that makes a policy's gradient buckets ahead of
+// its first all-reduce (torchbridge.ProcessGroup).
+type updatePreparer interface {
+	PrepareUpdate(ctx context.Context, p *torchbridge.Policy) error
 }
 
 // optimizerSharder is a group that shards a policy's optimizer state over
@@ -101,13 +111,16 @@ func newRanks(g dist.Group, p *torchbridge.Policy, shard bool) (ranks, error) {
 	case policyReducer:
 		r := ranks{Group: g, grads: dist.GradReducerFunc(func(ctx context.Context) error {
 			return guard("all-reduce of the gradients", func() error { return gr.AllReduceGrads(ctx, p) })
-		})}
+		}), prepare: p.PrepareUpdate}
+		if up, ok := inner.(updatePreparer); ok && g.Size() > 1 {
+			r.prepare = func(ctx context.Context) error { return up.PrepareUpdate(ctx, p) }
+		}
 		if sh, ok := inner.(optimizerSharder); ok && shard && g.Size() > 1 {
 			r.shard = &sharding{g: sh, p: p, guard: guard}
 		}
 		return r, nil
 	case dist.GradReducer:
-		return ranks{Group: g, grads: gr}, nil
+		return ranks{Group: g, grads: gr, prepare: p.PrepareUpdate}, nil
 	}
 	return ranks{}, fmt.Errorf("trainer: process group %T cannot sum the policy's gradients", g)
 }

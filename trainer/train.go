@@ -180,6 +180,9 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 
 	// Stage 1: supervised warm-up on format demonstrations.
 	if cfg.SFT.Steps > 0 && !st.SFTDone {
+		if err := r.prepare(ctx); err != nil { // the optimizer state before the first backward
+			return err
+		}
 		if err := runSFT(ctx, cfg, env, r, trainSet, run, log); err != nil {
 			if errors.Is(err, ErrInterrupted) || ctx.Err() != nil {
 				return ErrInterrupted // the SFT stage restarts on --resume
@@ -228,6 +231,13 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 		if err := eng.Policy.ShardOptimizer(r.Rank(), r.Size()); err != nil {
 			return err
 		}
+	}
+
+	// The optimizer state (this rank's share) and, with several ranks, the
+	// gradient buckets exist before GRPO's first backward, as the memory
+	// plan counts them (torchbridge.Policy.PrepareUpdate).
+	if err := r.prepare(ctx); err != nil {
+		return err
 	}
 
 	progress := newProgress(tc.Steps, tc.LogEvery, log)

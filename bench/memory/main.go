@@ -24,8 +24,9 @@
 //
 // It prints, per configuration, the largest rank's VmHWM after the first
 // update's backward, after the first update and after the last, each
-// against the plan (the update phase less the optimizer state, which the
-// first step creates; the step phase; the larger of the two), the last
+// against the plan (the update phase, less the optimizer state with
+// -prepare=false, where the first step creates it; the step phase; the
+// larger of the two), the last
 // update's time and its ratio to the first configuration's, then the
 // plan's phases, and a json line with the raw measurements. -from FILE
 // prints a saved output's measurements against the current plan
@@ -64,6 +65,7 @@ var (
 	headroom = flag.Float64("headroom", 6, "GiB of MemAvailable to leave free: a configuration predicted to need more is skipped")
 	chunked  = flag.Int("chunk", 128, "train.head_chunk of the chunked configurations")
 	from     = flag.String("from", "", "print the table from the json lines of an earlier run's output (run with the same -preset, -layers, -seqs, -len, -kl) against the current plan, running nothing")
+	prepare  = flag.Bool("prepare", true, "allocate the optimizer state (and with 2 ranks the gradient buckets) before the first backward, as recal train does (Policy.PrepareUpdate); false: at the first update's step and all-reduce")
 	glibc    = flag.Bool("training-malloc", true, "run with recal train's malloc settings (torchbridge.UseTrainingMalloc); false: glibc's defaults")
 )
 
@@ -74,17 +76,26 @@ type setup struct {
 	Shard         bool   `json:"shard"`
 	Checkpointing bool   `json:"checkpointing"`
 	HeadChunk     int    `json:"head_chunk"`
+	// Prepare: the optimizer state (and with several ranks the gradient
+	// buckets) made before the first backward (-prepare; runs saved before
+	// it existed made them at the first step).
+	Prepare bool `json:"prepare,omitempty"`
 }
 
 func setups() []setup {
 	n := *seqs * *seqLen // one chunk: no chunking
-	return []setup{
+	all := []setup{
 		{Name: "unchunked", World: 1, HeadChunk: n},
 		{Name: "chunked", World: 1, HeadChunk: *chunked},
 		{Name: "chunked+ckpt", World: 1, HeadChunk: *chunked, Checkpointing: true},
 		{Name: "2 ranks", World: 2, HeadChunk: *chunked},
 		{Name: "2 ranks sharded", World: 2, Shard: true, HeadChunk: *chunked},
+		{Name: "2 sharded+ckpt", World: 2, Shard: true, HeadChunk: *chunked, Checkpointing: true},
 	}
+	for i := range all {
+		all[i].Prepare = *prepare
+	}
+	return all
 }
 
 // report is what one rank prints when it is done.
@@ -202,14 +213,14 @@ func parent() error {
 	return nil
 }
 
-const legend = "GiB per rank, measured: the largest rank's VmHWM after the first update's backward, after the first update and after the last; planned: hfmodel.PlanMemory's update phase less the optimizer state (created by the first step), its step phase, and its peak (the larger); update s: the last update's wall time on the slowest rank, × time: over the first configuration's"
+const legend = "GiB per rank, measured: the largest rank's VmHWM after the first update's backward, after the first update and after the last; planned: hfmodel.PlanMemory's update phase (less the optimizer state when the first step creates it: -prepare=false), its step phase, and its peak (the larger); update s: the last update's wall time on the slowest rank, × time: over the first configuration's"
 
 // header is the table's first line.
 const header = "configuration      runtime | 1st backward  planned  ratio | 1st step  planned  ratio | all updates  planned  ratio | update s  × time"
 
 // row prints one configuration's line: the first update's backward (the
 // optimizer state does not exist yet) and step against the plan's update
-// (less the optimizer state) and step phases, and the peak over every
+// (less the optimizer state without -prepare) and step phases, and the peak over every
 // update against the plan's peak; then the plan's phases.
 func row(cfg *hfmodel.Config, s setup, reps []report, base *float64) {
 	p := plan(cfg, s)
@@ -227,7 +238,10 @@ func row(cfg *hfmodel.Config, s setup, reps []report, base *float64) {
 	if *base == 0 {
 		*base = t
 	}
-	first := p.Update.Peak() - p.Update.Part("AdamW moments") - p.Update.Part("float32 master weights")
+	first := p.Update.Peak() // the optimizer state made before the first backward
+	if !s.Prepare {          // made by the first step
+		first -= p.Update.Part("AdamW moments") + p.Update.Part("float32 master weights")
+	}
 	ratio := func(a, b int64) float64 { return float64(a) / float64(b) }
 	fmt.Printf("%-16s %8.2f | %12.2f %8.2f %6.3f | %8.2f %8.2f %6.3f | %11.2f %8.2f %6.3f | %8.1f %7.2f\n", s.Name, hfmodel.GiB(rt),
 		hfmodel.GiB(bw1), hfmodel.GiB(first), ratio(bw1, first), hfmodel.GiB(st1), hfmodel.GiB(p.Step.Peak()), ratio(st1, p.Step.Peak()),
@@ -409,6 +423,16 @@ func child(spec string) error {
 			if err := pol.ShardOptimizer(rank, s.World); err != nil {
 				return err
 			}
+		}
+	}
+	if s.Prepare {
+		if group != nil {
+			err = group.PrepareUpdate(ctx, pol)
+		} else {
+			err = pol.PrepareUpdate(ctx)
+		}
+		if err != nil {
+			return err
 		}
 	}
 	rng := rand.New(rand.NewPCG(uint64(rank), 7))
