@@ -108,6 +108,9 @@ func (d Decoder) ExtendBanned(ctx context.Context, rows []int, tokens [][]int32,
 	return r.Next, r.Logp, err
 }
 
+// Vocab implements router.VocabDecoder.
+func (d Decoder) Vocab() int { return d.C.Vocab() }
+
 // ToInt32 converts token ids.
 func ToInt32(ids []int) []int32 {
 	out := make([]int32, len(ids))

@@ -29,6 +29,12 @@ type BanDecoder interface {
 	ExtendBanned(ctx context.Context, rows []int, tokens [][]int32, s generate.Sampling, seed uint64, ban [][]int32) (next []int32, logp []float32, err error)
 }
 
+// VocabDecoder is a Decoder that knows the size of its model's vocabulary
+// (every id it may sample is below it). router.answer_span needs it.
+type VocabDecoder interface {
+	Vocab() int
+}
+
 // Errors of the engine.
 var (
 	// ErrStopped is the error of a response the engine could not finish
@@ -157,6 +163,11 @@ type Pending struct {
 	callsMade  int // <search> turns acted on (known, unknown or refused)
 	spent      float64
 	cancelCall context.CancelFunc
+	// With router.answer_span: the text of every reply shown, and the
+	// tokens that occur in one of them (the candidates of an answer span).
+	replies   []string
+	spanToks  []int32
+	spanStale bool // a reply arrived since spanToks was made
 }
 
 // Done is closed when the response has ended (or failed).
@@ -186,8 +197,12 @@ func NewEngine(dec Decoder, tok Tokenizer, pool Pool, cfg Config, opt EngineOpti
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("router: engine: %w", err)
 	}
-	if _, ok := dec.(BanDecoder); cfg.bans() && !ok {
-		return nil, fmt.Errorf("router: engine: router.no_repeat_ngram = %d needs a decoder that can ban tokens (%T cannot)", cfg.NoRepeatNGram, dec)
+	if err := cfg.checkDecoder(dec); err != nil {
+		// freshRows (Rollout) claims both; the decoder it wraps may not.
+		return nil, fmt.Errorf("router: engine: %w", err)
+	}
+	if v, ok := dec.(VocabDecoder); cfg.AnswerSpan && (!ok || v.Vocab() < 1) {
+		return nil, fmt.Errorf("router: engine: router.answer_span needs a decoder that knows its vocabulary (%T does not)", dec)
 	}
 	closeToks := map[string][]int32{}
 	for _, c := range []string{ThinkClose, SearchClose, AnswerClose} {
@@ -488,7 +503,13 @@ func (e *Engine) extend(ctx context.Context, ps []*Pending, s generate.Sampling,
 	var next []int32
 	var logp []float32
 	var err error
-	var ban [][]int32
+	var ban, span [][]int32
+	if e.cfg.AnswerSpan {
+		span = make([][]int32, len(ps))
+		for k, p := range ps {
+			span[k] = e.spanBan(p)
+		}
+	}
 	if n := e.cfg.NoRepeatNGram; n > 0 {
 		// A row's next token is chosen after its feed: the turn's tokens so
 		// far are the last turnToks of its output (a fed <information>
@@ -508,8 +529,25 @@ func (e *Engine) extend(ctx context.Context, ps []*Pending, s generate.Sampling,
 		}
 	}
 	closeLoops := ban != nil && !e.cfg.bans()
-	if ban != nil && !closeLoops {
-		next, logp, err = e.dec.(BanDecoder).ExtendBanned(ctx, rows, toks, s, seed, ban)
+	// What the decoder bans per row: an answer span's constraint (which
+	// leaves no room for a loop), else the n-gram rule's bans unless it
+	// closes loops instead.
+	send := ban
+	if closeLoops {
+		send = nil
+	}
+	for k := range span {
+		if span[k] != nil {
+			if send == nil {
+				send = make([][]int32, len(ps))
+			}
+			send[k] = span[k]
+		} else if send != nil && closeLoops {
+			send[k] = nil
+		}
+	}
+	if send != nil {
+		next, logp, err = e.dec.(BanDecoder).ExtendBanned(ctx, rows, toks, s, seed, send)
 	} else {
 		next, logp, err = e.dec.Extend(ctx, rows, toks, s, seed)
 	}
@@ -528,7 +566,7 @@ func (e *Engine) extend(ctx context.Context, ps []*Pending, s generate.Sampling,
 		// router.on_repeat = "close": a token that would repeat an n-gram
 		// of the open tag is dropped and the environment closes the tag;
 		// a loop outside every tag ends the turn.
-		looped := closeLoops && containsToken(ban[k], t)
+		looped := closeLoops && (span == nil || span[k] == nil) && containsToken(ban[k], t)
 		fed := []int32{t}
 		before := len(p.turnText)
 		var closing []int32
@@ -591,6 +629,76 @@ func (e *Engine) extend(ctx context.Context, ps []*Pending, s generate.Sampling,
 		e.finish(p, nil)
 	}
 	return nil
+}
+
+// spanBan is what router.answer_span bans for p's next token: nil when
+// p's turn has no <answer> open or p was shown no reply, else every token
+// but those that keep the answer written so far a span of a reply's text
+// (after at most one leading space) and, once the answer holds a word,
+// those that start the closing tag. Once anything but a span is written
+// (the closing tag), the turn goes on free.
+func (e *Engine) spanBan(p *Pending) []int32 {
+	if len(p.replies) == 0 {
+		return nil
+	}
+	at := bytes.LastIndex(p.turnText, []byte(AnswerOpen))
+	if at < 0 {
+		return nil
+	}
+	written := p.turnText[at+len(AnswerOpen):]
+	if bytes.IndexByte(written, '<') >= 0 {
+		return nil
+	}
+	if p.spanStale || p.spanToks == nil {
+		p.spanToks = p.spanToks[:0]
+		for id := range e.dec.(VocabDecoder).Vocab() {
+			b := e.tok.TokenBytes(id)
+			if len(b) == 0 {
+				continue
+			}
+			ok := strings.HasPrefix(AnswerClose, string(b)) || string(b) == " "
+			for _, r := range p.replies {
+				ok = ok || strings.Contains(r, string(b)) || strings.Contains(r, strings.TrimPrefix(string(b), " "))
+			}
+			if ok {
+				p.spanToks = append(p.spanToks, int32(id))
+			}
+		}
+		p.spanStale = false
+	}
+	word := strings.TrimPrefix(string(written), " ")
+	allowed := make(map[int32]bool, len(p.spanToks))
+	for _, id := range p.spanToks {
+		b := string(e.tok.TokenBytes(int(id)))
+		switch {
+		case word != "" && strings.HasPrefix(AnswerClose, b):
+			allowed[id] = true
+		case len(written) == 0 && b == " ":
+			allowed[id] = true
+		default:
+			cand := word + b
+			if word == "" && len(written) == 0 {
+				cand = strings.TrimPrefix(b, " ")
+			}
+			for _, r := range p.replies {
+				if cand != "" && strings.Contains(r, cand) {
+					allowed[id] = true
+					break
+				}
+			}
+		}
+	}
+	if len(allowed) == 0 { // replies of no text: nothing to copy
+		return nil
+	}
+	vocab := e.dec.(VocabDecoder).Vocab()
+	ban := make([]int32, 0, vocab-len(allowed))
+	for id := range vocab {
+		if !allowed[int32(id)] {
+			ban = append(ban, int32(id))
+		}
+	}
+	return ban
 }
 
 // closing is the closing tag of the tag open at the end of a turn's text
@@ -666,6 +774,10 @@ func (e *Engine) fold(rp reply) {
 		return
 	}
 	p.spent += rp.call.Cost
+	if e.cfg.AnswerSpan {
+		p.replies = append(p.replies, rp.call.Reply)
+		p.spanStale = true
+	}
 	o.Calls = append(o.Calls, rp.call)
 	o.Tokens = append(o.Tokens, rp.block...)
 	o.Mask = append(o.Mask, make([]float32, len(rp.block))...)

@@ -43,6 +43,16 @@ type Config struct {
 	// A loop outside any tag ends the turn. Used only when NoRepeatNGram > 0;
 	// "" is "ban".
 	OnRepeat string `toml:"on_repeat"`
+	// AnswerSpan makes answers extractive: inside <answer>, after a pool
+	// call, the policy may write only a span of the text of an
+	// <information> block it was shown (a leading space, then tokens that
+	// keep the answer a substring of a reply), then the closing tag. It
+	// decides where the span starts and where it ends; a policy trained
+	// from scratch no longer loses words while copying them (a pretrained
+	// one copies without it). Log-probabilities stay the unconstrained
+	// policy's, as with no_repeat_ngram. Needs a decoder that can ban
+	// tokens and knows its vocabulary (VocabDecoder). false = off.
+	AnswerSpan bool `toml:"answer_span"`
 }
 
 // What router.on_repeat may be.
@@ -59,6 +69,18 @@ func DefaultConfig() Config {
 // bans reports whether the n-gram rule bans tokens, which needs a
 // BanDecoder ("close" needs none).
 func (c Config) bans() bool { return c.NoRepeatNGram > 0 && c.OnRepeat != OnRepeatClose }
+
+// checkDecoder reports a setting dec cannot serve.
+func (c Config) checkDecoder(dec any) error {
+	_, ban := dec.(BanDecoder)
+	if c.bans() && !ban {
+		return fmt.Errorf("router.no_repeat_ngram = %d needs a decoder that can ban tokens (%T cannot)", c.NoRepeatNGram, dec)
+	}
+	if _, vocab := dec.(VocabDecoder); c.AnswerSpan && (!ban || !vocab) {
+		return fmt.Errorf("router.answer_span needs a decoder that can ban tokens and knows its vocabulary (%T cannot)", dec)
+	}
+	return nil
+}
 
 // Validate names the first bad key.
 func (c Config) Validate() error {
@@ -205,8 +227,8 @@ func Rollout(ctx context.Context, dec generate.Decoder, tok Tokenizer, pool Pool
 	if len(jobs) == 0 {
 		return []Sample{}, Stats{}, nil
 	}
-	if _, ok := dec.(BanDecoder); cfg.bans() && !ok {
-		return nil, Stats{}, fmt.Errorf("router: rollout: router.no_repeat_ngram = %d needs a decoder that can ban tokens (%T cannot)", cfg.NoRepeatNGram, dec)
+	if err := cfg.checkDecoder(dec); err != nil {
+		return nil, Stats{}, fmt.Errorf("router: rollout: %w", err)
 	}
 	e, err := NewEngine(freshRows{dec}, tok, pool, cfg, EngineOptions{Rows: len(jobs), EOS: eos, Seed: seed})
 	if err != nil {
@@ -247,6 +269,14 @@ func (f freshRows) ExtendBanned(ctx context.Context, rows []int, tokens [][]int3
 		return nil, nil, fmt.Errorf("router: %T cannot ban tokens (router.no_repeat_ngram)", f.Decoder)
 	}
 	return b.ExtendBanned(ctx, rows, tokens, s, seed, ban)
+}
+
+// Vocab passes the wrapped decoder's vocabulary size on (0 when it has none).
+func (f freshRows) Vocab() int {
+	if v, ok := f.Decoder.(VocabDecoder); ok {
+		return v.Vocab()
+	}
+	return 0
 }
 
 // ReplyBytesPerToken bounds how much of a pool reply is read: InfoBlock cuts

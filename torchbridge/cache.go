@@ -47,6 +47,9 @@ func (p *Policy) NewCache(rows, capacity int) (*Cache, error) {
 func (c *Cache) Rows() int     { return c.rows }
 func (c *Cache) Capacity() int { return c.capacity }
 
+// Vocab is the policy's vocabulary size: every sampled id is below it.
+func (c *Cache) Vocab() int { return c.vocab }
+
 // free runs on the torch thread.
 func (c *Cache) free() {
 	if c.h != nil {

@@ -1,0 +1,129 @@
+package router
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/recal-project/recal/generate"
+	"github.com/recal-project/recal/llmpool"
+)
+
+// wishful writes a search turn, then (after the reply) the answer turn it
+// wants. A token it wants that is banned is replaced by the closing tag
+// when that is allowed, else by the lowest allowed id. It records the bans
+// of every step after the reply.
+type wishful struct {
+	tok          Tokenizer
+	vocab        int
+	first, later string
+	queue        map[int][]int32
+	fed          map[int]int
+	bans         [][]int32
+}
+
+func (w *wishful) enc(s string) []int32 { return toInt32(w.tok.Encode(s)) }
+
+func (w *wishful) Vocab() int { return w.vocab }
+
+func (w *wishful) Extend(ctx context.Context, rows []int, toks [][]int32, s generate.Sampling, seed uint64) ([]int32, []float32, error) {
+	return w.ExtendBanned(ctx, rows, toks, s, seed, make([][]int32, len(rows)))
+}
+
+func (w *wishful) ExtendBanned(_ context.Context, rows []int, toks [][]int32, _ generate.Sampling, _ uint64, ban [][]int32) ([]int32, []float32, error) {
+	next := make([]int32, len(rows))
+	for k, r := range rows {
+		switch {
+		case w.fed[r] == 0:
+			w.queue[r] = w.enc(w.first)
+		case len(toks[k]) > 1: // the reply's block
+			w.queue[r] = w.enc(w.later)
+		}
+		w.fed[r] += len(toks[k])
+		if len(w.queue[r]) == 0 {
+			w.queue[r] = w.enc(" x")
+		}
+		if w.fed[r] > 3 && len(toks[k]) > 0 {
+			w.bans = append(w.bans, ban[k])
+		}
+		if slices.Contains(ban[k], w.queue[r][0]) {
+			if c := w.enc(AnswerClose); !slices.Contains(ban[k], c[0]) {
+				w.queue[r] = c
+			} else {
+				for id := range w.vocab {
+					if !slices.Contains(ban[k], int32(id)) {
+						w.queue[r] = []int32{int32(id)}
+						break
+					}
+				}
+			}
+		}
+		next[k] = w.queue[r][0]
+		w.queue[r] = w.queue[r][1:]
+	}
+	return next, make([]float32, len(rows)), nil
+}
+
+// router.answer_span: after a reply, the answer is cut to the longest span
+// of the reply the policy's wished answer starts with, then closed; the
+// first token of a word the reply lacks is banned, the reply's are not;
+// without a reply, or with the setting off, the answer is the policy's own.
+func TestAnswerSpan(t *testing.T) {
+	tok := loadTok(t)
+	pool := simPool(t, 0)
+	q := llmpool.Question{ID: "nq/1", Dataset: "nq", Text: "capital of France?", Golden: []string{"Paris"}}
+	eos := []int32{int32(tok.EOS())}
+	search := "<think>a</think><search>sim-a: capital of France?</search>"
+	for _, c := range []struct {
+		name         string
+		span         bool
+		first, later string
+		answer       string
+	}{
+		{"off: the policy's miscopy", false, search, "<answer> Parisian Paris</answer>", "Parisian Paris"},
+		{"on: cut to the reply's span", true, search, "<answer> Parisian Paris</answer>", "Paris"},
+		{"on: a right copy is kept", true, search, "<answer> Paris</answer>", "Paris"},
+		{"on: no reply, no constraint", true, "<think>a</think><answer> Lyon</answer>", "", "Lyon"},
+	} {
+		dec := &wishful{tok: tok, vocab: tok.VocabSize(), first: c.first, later: c.later, queue: map[int][]int32{}, fed: map[int]int{}}
+		cfg := Config{MaxTurns: 1, TurnTokens: 40, InfoTokens: 32, AnswerSpan: c.span}
+		out, _, err := Rollout(context.Background(), dec, tok, pool, cfg, []Job{{Question: q, Prompt: []int32{1, 2, 3}}}, generate.Sampling{}, eos, 1)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		a, _ := LastAnswer(out[0].Text)
+		if strings.TrimSpace(a) != c.answer {
+			t.Errorf("%s: answer %q (response %q), want %q", c.name, a, out[0].Text, c.answer)
+		}
+		if !c.span || c.later == "" {
+			for _, b := range dec.bans {
+				if len(b) > 0 {
+					t.Errorf("%s: %d tokens banned", c.name, len(b))
+				}
+			}
+			continue
+		}
+		// The answer's first step: " Paris" allowed, " London" and the
+		// closing tag (no word yet) banned.
+		var firstBan []int32
+		for _, b := range dec.bans {
+			if len(b) > 0 {
+				firstBan = b
+				break
+			}
+		}
+		paris, london, closing := tok.Encode(" Paris")[0], tok.Encode(" London")[0], tok.Encode(AnswerClose)[0]
+		if firstBan == nil || slices.Contains(firstBan, int32(paris)) || !slices.Contains(firstBan, int32(london)) || !slices.Contains(firstBan, int32(closing)) {
+			t.Errorf("%s: first answer step bans %d tokens: \" Paris\" %v, \" London\" %v, closing %v", c.name, len(firstBan),
+				slices.Contains(firstBan, int32(paris)), slices.Contains(firstBan, int32(london)), slices.Contains(firstBan, int32(closing)))
+		}
+	}
+	// A decoder that cannot ban, or does not know its vocabulary, is
+	// refused up front.
+	_, _, err := Rollout(context.Background(), &forced{tok: tok}, tok, pool, Config{MaxTurns: 1, TurnTokens: 8, InfoTokens: 8, AnswerSpan: true},
+		[]Job{{Question: q, Prompt: []int32{1, 2, 3}}}, generate.Sampling{}, eos, 1)
+	if err == nil || !strings.Contains(err.Error(), "answer_span") {
+		t.Fatalf("a decoder without bans: error %v", err)
+	}
+}
