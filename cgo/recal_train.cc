@@ -379,9 +379,23 @@ int rc_policy_step(rc_policy* p, const rc_adamw_opts* o, double* grad_norm, char
     ensure_optimizer(*p);
     std::vector<Tensor> grads;  // float32 sums over the micro-batches
     for (size_t i = 0; i < p->params.size(); i++) grads.push_back(p->grad(i));
+    // A parameter above kStepSlice elements (a large vocabulary's
+    // embedding) is updated slice by slice, so the step's float32
+    // temporaries are a few slices (kStepSlice × 4 bytes each), not a few
+    // copies of it; the update is elementwise, so the weights get the same
+    // bits. Smaller parameters (every parameter of the tiny presets) are
+    // one slice, as before.
+    constexpr int64_t kStepSlice = (int64_t)1 << 22;
+    auto slices = [&](int64_t n, auto fn) {
+      if (n <= kStepSlice) return fn(0, n, true);
+      for (int64_t off = 0; off < n; off += kStepSlice) fn(off, std::min(kStepSlice, n - off), false);
+    };
     auto total = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(p->device));
     for (auto& g : grads)
-      if (g.defined()) total = total + g.pow(2).sum();
+      if (g.defined())
+        slices(g.numel(), [&](int64_t off, int64_t n, bool whole) {
+          total = total + (whole ? g : g.reshape({-1}).narrow(0, off, n)).pow(2).sum();
+        });
     double norm = std::sqrt(total.item<double>());
     *grad_norm = norm;
     if (!std::isfinite(norm)) {  // skip the update; keep the state clean
@@ -404,16 +418,24 @@ int rc_policy_step(rc_policy* p, const rc_adamw_opts* o, double* grad_norm, char
         g = g.reshape({-1}).narrow(0, lo, n);
         param = param.view({-1}).narrow(0, lo, n);
       }
-      if (coef != 1.0) g = g * coef;
       auto w = p->master.empty() ? param : p->master[i];
       bool value = (int)i == p->value_w || (int)i == p->value_b;
       double lr = value && o->value_lr > 0 ? o->value_lr : o->lr;
-      w.mul_(1.0 - lr * o->weight_decay);
-      p->exp_avg[i].mul_(o->beta1).add_(g, 1.0 - o->beta1);
-      p->exp_avg_sq[i].mul_(o->beta2).addcmul_(g, g, 1.0 - o->beta2);
-      auto denom = (p->exp_avg_sq[i].sqrt() / std::sqrt(bc2)).add_(o->eps);
-      w.addcdiv_(p->exp_avg[i], denom, -lr / bc1);
-      if (!p->master.empty()) param.copy_(w);
+      slices(g.numel(), [&](int64_t off, int64_t n, bool whole) {
+        auto cut = [&](const Tensor& t) {
+          if (whole) return t;
+          if (!t.is_contiguous()) fail("step: a non-contiguous tensor cannot be updated in slices");
+          return t.view({-1}).narrow(0, off, n);
+        };
+        Tensor gs = cut(g), ws = cut(w), m = cut(p->exp_avg[i]), v = cut(p->exp_avg_sq[i]);
+        if (coef != 1.0) gs = gs * coef;
+        ws.mul_(1.0 - lr * o->weight_decay);
+        m.mul_(o->beta1).add_(gs, 1.0 - o->beta1);
+        v.mul_(o->beta2).addcmul_(gs, gs, 1.0 - o->beta2);
+        auto denom = (v.sqrt() / std::sqrt(bc2)).add_(o->eps);
+        ws.addcdiv_(m, denom, -lr / bc1);
+        if (!p->master.empty()) cut(param).copy_(ws);
+      });
     }
     p->clear_grads();
   });

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/recal-project/recal/internal/hfmodel"
 	"github.com/recal-project/recal/torchbridge"
 )
 
@@ -254,5 +255,71 @@ func TestPrepareUpdate(t *testing.T) {
 				t.Fatalf("PrepareUpdate on a frozen policy: %v, want an error saying it is frozen", err)
 			}
 		})
+	}
+}
+
+// A parameter above hfmodel.StepSlice elements (here a tied embedding of
+// 140,000 × 32) is updated slice by slice: every parameter ends where
+// AdamW's formula, computed here in float64 from the gradients and the
+// weights before the step, puts it (clipped, with weight decay), to float32
+// rounding, over two steps.
+func TestStepSlices(t *testing.T) {
+	const vocab = 140000
+	if tinyConfig(vocab, true).HiddenSize*vocab <= hfmodel.StepSlice {
+		t.Fatal("the embedding is not above StepSlice: the test would not slice")
+	}
+	ctx := context.Background()
+	p, err := torchbridge.NewPolicy(tinyConfig(vocab, true), onDevice(torchbridge.Options{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if err := p.InitRandom(3, 0.2); err != nil {
+		t.Fatal(err)
+	}
+	adam := torchbridge.AdamW{LR: 1e-2, Beta1: 0.9, Beta2: 0.99, Eps: 1e-8, WeightDecay: 0.1, MaxGradNorm: 1e-3}
+	r := rand.New(rand.NewSource(9))
+	m, v := map[string][]float64{}, map[string][]float64{}
+	for step := 1; step <= 2; step++ {
+		seqs := []torchbridge.Sequence{{Tokens: randomSeq(r, 12, vocab), Mask: make([]float32, 12), Advantage: 1}}
+		for j := 4; j < 12; j++ {
+			seqs[0].Mask[j] = 1
+		}
+		if _, err := p.Backward(ctx, seqs, torchbridge.LossOptions{ClipEps: 0.2, Scale: 1}); err != nil {
+			t.Fatal(err)
+		}
+		grads, before := map[string][]float32{}, map[string][]float32{}
+		var norm float64
+		for _, pr := range p.Params() {
+			grads[pr.Name] = getF32(t, p, "grad/"+pr.Name, pr.Numel())
+			before[pr.Name] = getF32(t, p, pr.Name, pr.Numel())
+			for _, g := range grads[pr.Name] {
+				norm += float64(g) * float64(g)
+			}
+		}
+		norm = math.Sqrt(norm)
+		if _, err := p.Step(ctx, adam); err != nil {
+			t.Fatal(err)
+		}
+		coef := math.Min(1, adam.MaxGradNorm/(norm+1e-6))
+		bc1, bc2 := 1-math.Pow(adam.Beta1, float64(step)), 1-math.Pow(adam.Beta2, float64(step))
+		var worst float64
+		for _, pr := range p.Params() {
+			after := getF32(t, p, pr.Name, pr.Numel())
+			if m[pr.Name] == nil {
+				m[pr.Name], v[pr.Name] = make([]float64, pr.Numel()), make([]float64, pr.Numel())
+			}
+			for k, g32 := range grads[pr.Name] {
+				g := float64(g32) * coef
+				m[pr.Name][k] = adam.Beta1*m[pr.Name][k] + (1-adam.Beta1)*g
+				v[pr.Name][k] = adam.Beta2*v[pr.Name][k] + (1-adam.Beta2)*g*g
+				w := float64(before[pr.Name][k])*(1-adam.LR*adam.WeightDecay) - adam.LR/bc1*m[pr.Name][k]/(math.Sqrt(v[pr.Name][k])/math.Sqrt(bc2)+adam.Eps)
+				worst = math.Max(worst, math.Abs(w-float64(after[k]))/(math.Abs(w)+1e-3))
+			}
+		}
+		if worst > 1e-5 {
+			t.Fatalf("step %d: a weight differs from AdamW's by %g (relative); want float32 rounding", step, worst)
+		}
+		t.Logf("step %d: largest relative difference to AdamW in float64: %g", step, worst)
 	}
 }

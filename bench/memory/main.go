@@ -25,8 +25,9 @@
 // It prints, per configuration, the largest rank's VmHWM after the first
 // update's backward, after the first update and after the last, each
 // against the plan (the update phase, less the optimizer state with
-// -prepare=false, where the first step creates it; the step phase; the
-// larger of the two), the last
+// -prepare=false, where the first step creates it; the larger of that and
+// the step phase, as VmHWM keeps the backward's peak; the plan's peak),
+// the last
 // update's time and its ratio to the first configuration's, then the
 // plan's phases, and a json line with the raw measurements. -from FILE
 // prints a saved output's measurements against the current plan
@@ -213,7 +214,7 @@ func parent() error {
 	return nil
 }
 
-const legend = "GiB per rank, measured: the largest rank's VmHWM after the first update's backward, after the first update and after the last; planned: hfmodel.PlanMemory's update phase (less the optimizer state when the first step creates it: -prepare=false), its step phase, and its peak (the larger); update s: the last update's wall time on the slowest rank, × time: over the first configuration's"
+const legend = "GiB per rank, measured: the largest rank's VmHWM after the first update's backward, after the first update and after the last; planned: hfmodel.PlanMemory's update phase (less the optimizer state when the first step creates it: -prepare=false), the larger of that and its step phase (VmHWM keeps the backward's peak), and the plan's peak; update s: the last update's wall time on the slowest rank, × time: over the first configuration's"
 
 // header is the table's first line.
 const header = "configuration      runtime | 1st backward  planned  ratio | 1st step  planned  ratio | all updates  planned  ratio | update s  × time"
@@ -242,9 +243,12 @@ func row(cfg *hfmodel.Config, s setup, reps []report, base *float64) {
 	if !s.Prepare {          // made by the first step
 		first -= p.Update.Part("AdamW moments") + p.Update.Part("float32 master weights")
 	}
+	// VmHWM after the first update holds its backward's peak too: the plan
+	// to read it against is the larger of the backward's and the step's.
+	step1 := max(first, p.Step.Peak())
 	ratio := func(a, b int64) float64 { return float64(a) / float64(b) }
 	fmt.Printf("%-16s %8.2f | %12.2f %8.2f %6.3f | %8.2f %8.2f %6.3f | %11.2f %8.2f %6.3f | %8.1f %7.2f\n", s.Name, hfmodel.GiB(rt),
-		hfmodel.GiB(bw1), hfmodel.GiB(first), ratio(bw1, first), hfmodel.GiB(st1), hfmodel.GiB(p.Step.Peak()), ratio(st1, p.Step.Peak()),
+		hfmodel.GiB(bw1), hfmodel.GiB(first), ratio(bw1, first), hfmodel.GiB(st1), hfmodel.GiB(step1), ratio(st1, step1),
 		hfmodel.GiB(peak), hfmodel.GiB(trainPeak(p)), ratio(peak, trainPeak(p)), t, t / *base)
 	fmt.Printf("    plan: %s\n    plan: %s\n", p.Update, p.Step)
 }

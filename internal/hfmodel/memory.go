@@ -107,6 +107,11 @@ type MemoryOptions struct {
 	Runtime int64
 }
 
+// StepSlice is the most elements of a parameter the optimizer step updates
+// at once (kStepSlice in cgo/recal_train.cc's rc_policy_step): a larger one
+// is updated slice by slice, so the step's temporaries stay small.
+const StepSlice = 1 << 22
+
 // CPURuntime is MemoryOptions.Runtime for recal on the CPU: the resident
 // memory of a process that has started libtorch (Debian's 1.13) and the Go
 // runtime, before any policy. bench/memory measures it ("runtime" in its
@@ -350,17 +355,17 @@ func (c *Config) PlanMemory(o MemoryOptions) MemoryPlan {
 	// Step: the sums, and in turn: the first step of several ranks copies
 	// them into the buckets, one bucket at a time (a bucket is at most
 	// bucket_bytes plus its last parameter); the optimizer's
-	// float32 temporaries (recal_train.cc's rc_policy_step, one parameter
-	// at a time: the whole gradient's square for the norm, then of the
-	// rank's share the clipped gradient, the second moment's square root
-	// and the denominator); sharded, for one round of the all-gather
+	// float32 temporaries (recal_train.cc's rc_policy_step, one parameter,
+	// or one StepSlice of a larger one, at a time: the gradient's square
+	// for the norm, then of the rank's share the clipped gradient, the
+	// second moment's square root and the denominator); sharded, for one round of the all-gather
 	// (about dist.bucket_bytes of parameters, whole ones), the send
 	// buffer, every rank's share (the policy's dtype), and c10d's own
 	// flat buffer of every rank's share, which its allgather fills before
 	// copying out (ProcessGroupGloo's and ProcessGroupNCCL's alike).
 	// These come one after the other, so the phase's peak holds the
 	// largest of them.
-	temp := MemoryPart{"optimizer temporaries", max(largest, 3*largestShare) * 4}
+	temp := MemoryPart{"optimizer temporaries", max(min(largest, StepSlice), 3*min(largestShare, StepSlice)) * 4}
 	bucketBytes := o.BucketBytes
 	if bucketBytes <= 0 {
 		bucketBytes = 25 << 20
