@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/recal-project/recal/generate"
 	"github.com/recal-project/recal/llmpool"
@@ -121,6 +123,7 @@ type Engine struct {
 	opt  EngineOptions
 
 	closeToks map[string][]int32 // "</think>", "</search>", "</answer>" encoded
+	names     []string           // the pool's model names (router.search_names)
 
 	replies chan reply    // pool calls' results; one in flight per row at most
 	wake    chan struct{} // a submission arrived
@@ -201,14 +204,24 @@ func NewEngine(dec Decoder, tok Tokenizer, pool Pool, cfg Config, opt EngineOpti
 		// freshRows (Rollout) claims both; the decoder it wraps may not.
 		return nil, fmt.Errorf("router: engine: %w", err)
 	}
-	if v, ok := dec.(VocabDecoder); cfg.AnswerSpan && (!ok || v.Vocab() < 1) {
-		return nil, fmt.Errorf("router: engine: router.answer_span needs a decoder that knows its vocabulary (%T does not)", dec)
+	if v, ok := dec.(VocabDecoder); cfg.constrains() && (!ok || v.Vocab() < 1) {
+		return nil, fmt.Errorf("router: engine: router.answer_span and router.search_names need a decoder that knows its vocabulary (%T does not)", dec)
+	}
+	var names []string
+	if cfg.SearchNames {
+		lister, ok := pool.(interface{ Models() []llmpool.ModelInfo })
+		if !ok {
+			return nil, fmt.Errorf("router: engine: router.search_names needs a pool that lists its models (%T does not)", pool)
+		}
+		for _, m := range lister.Models() {
+			names = append(names, m.Name)
+		}
 	}
 	closeToks := map[string][]int32{}
 	for _, c := range []string{ThinkClose, SearchClose, AnswerClose} {
 		closeToks[c] = toInt32(tok.Encode(c))
 	}
-	return &Engine{dec: dec, tok: tok, pool: pool, cfg: cfg, opt: opt, closeToks: closeToks,
+	return &Engine{dec: dec, tok: tok, pool: pool, cfg: cfg, opt: opt, closeToks: closeToks, names: names,
 		replies: make(chan reply, opt.Rows), wake: make(chan struct{}, 1),
 		slots: make([]*Pending, opt.Rows), dirty: make([]bool, opt.Rows), slowest: map[int]time.Duration{}}, nil
 }
@@ -504,10 +517,15 @@ func (e *Engine) extend(ctx context.Context, ps []*Pending, s generate.Sampling,
 	var logp []float32
 	var err error
 	var ban, span [][]int32
-	if e.cfg.AnswerSpan {
+	if e.cfg.constrains() {
 		span = make([][]int32, len(ps))
 		for k, p := range ps {
-			span[k] = e.spanBan(p)
+			if e.cfg.AnswerSpan {
+				span[k] = e.spanBan(p)
+			}
+			if span[k] == nil && e.cfg.SearchNames {
+				span[k] = e.nameBan(p)
+			}
 		}
 	}
 	if n := e.cfg.NoRepeatNGram; n > 0 {
@@ -529,9 +547,9 @@ func (e *Engine) extend(ctx context.Context, ps []*Pending, s generate.Sampling,
 		}
 	}
 	closeLoops := ban != nil && !e.cfg.bans()
-	// What the decoder bans per row: an answer span's constraint (which
-	// leaves no room for a loop), else the n-gram rule's bans unless it
-	// closes loops instead.
+	// What the decoder bans per row: a protocol constraint's (an answer
+	// span or a model name, which leave no room for a loop), else the
+	// n-gram rule's bans unless it closes loops instead.
 	send := ban
 	if closeLoops {
 		send = nil
@@ -634,9 +652,11 @@ func (e *Engine) extend(ctx context.Context, ps []*Pending, s generate.Sampling,
 // spanBan is what router.answer_span bans for p's next token: nil when
 // p's turn has no <answer> open or p was shown no reply, else every token
 // but those that keep the answer written so far a span of a reply's text
-// (after at most one leading space) and, once the answer holds a word,
-// those that start the closing tag. Once anything but a span is written
-// (the closing tag), the turn goes on free.
+// starting at a word's start (after at most one leading space) and, once
+// the answer is such a span of whole words, those that start the closing
+// tag (an answer does not stop inside a word: "Mer" of "Mercedes-Benz").
+// Once anything but a span is written (the closing tag), the turn goes on
+// free.
 func (e *Engine) spanBan(p *Pending) []int32 {
 	if len(p.replies) == 0 {
 		return nil
@@ -667,12 +687,21 @@ func (e *Engine) spanBan(p *Pending) []int32 {
 		p.spanStale = false
 	}
 	word := strings.TrimPrefix(string(written), " ")
+	inReply := func(span string, whole bool) bool {
+		for _, r := range p.replies {
+			if wordSpan(r, span, whole) {
+				return true
+			}
+		}
+		return false
+	}
+	closes := word != "" && inReply(word, true)
 	allowed := make(map[int32]bool, len(p.spanToks))
 	for _, id := range p.spanToks {
 		b := string(e.tok.TokenBytes(int(id)))
 		switch {
-		case word != "" && strings.HasPrefix(AnswerClose, b):
-			allowed[id] = true
+		case strings.HasPrefix(AnswerClose, b):
+			allowed[id] = closes
 		case len(written) == 0 && b == " ":
 			allowed[id] = true
 		default:
@@ -680,12 +709,12 @@ func (e *Engine) spanBan(p *Pending) []int32 {
 			if word == "" && len(written) == 0 {
 				cand = strings.TrimPrefix(b, " ")
 			}
-			for _, r := range p.replies {
-				if cand != "" && strings.Contains(r, cand) {
-					allowed[id] = true
-					break
-				}
-			}
+			allowed[id] = cand != "" && inReply(cand, false)
+		}
+	}
+	for id, ok := range allowed {
+		if !ok {
+			delete(allowed, id)
 		}
 	}
 	if len(allowed) == 0 { // replies of no text: nothing to copy
@@ -699,6 +728,67 @@ func (e *Engine) spanBan(p *Pending) []int32 {
 		}
 	}
 	return ban
+}
+
+// nameBan is what router.search_names bans for p's next token: nil unless
+// p's turn has a <search> open with no colon yet, else every token but
+// those that keep what follows the tag (after at most one leading space) a
+// prefix of "NAME:" for a model NAME p may call, or that complete it.
+func (e *Engine) nameBan(p *Pending) []int32 {
+	at := bytes.LastIndex(p.turnText, []byte(SearchOpen))
+	if at < 0 {
+		return nil
+	}
+	written := string(p.turnText[at+len(SearchOpen):])
+	if strings.ContainsAny(written, ":<") {
+		return nil
+	}
+	var targets []string
+	for _, n := range e.names {
+		if info, ok := e.pool.Lookup(n); ok && (p.allowed == nil || p.allowed[info.Name]) {
+			targets = append(targets, n+":")
+		}
+	}
+	if len(targets) == 0 {
+		return nil
+	}
+	vocab := e.dec.(VocabDecoder).Vocab()
+	var ban []int32
+	for id := range vocab {
+		b := string(e.tok.TokenBytes(id))
+		cand := strings.TrimPrefix(written+b, " ")
+		ok := len(b) > 0 && (cand == "" && written == "")
+		for _, t := range targets {
+			ok = ok || (cand != "" && (strings.HasPrefix(t, cand) || strings.HasPrefix(cand, t)))
+		}
+		if !ok {
+			ban = append(ban, int32(id))
+		}
+	}
+	return ban
+}
+
+// wordSpan reports whether span occurs in text starting at a word's start
+// (text's start, or after a rune that is neither a letter nor a digit) and,
+// when whole, also ending where no letter or digit follows ("thirty-" of
+// "thirty-three" does not).
+func wordSpan(text, span string, whole bool) bool {
+	word := func(r rune) bool { return unicode.IsLetter(r) || unicode.IsDigit(r) }
+	for off := 0; ; {
+		i := strings.Index(text[off:], span)
+		if i < 0 {
+			return false
+		}
+		i += off
+		before, _ := utf8.DecodeLastRuneInString(text[:i])
+		after, _ := utf8.DecodeRuneInString(text[i+len(span):])
+		first, _ := utf8.DecodeRuneInString(span)
+		if (i == 0 || !word(before) || !word(first)) && (!whole || i+len(span) == len(text) || !word(after)) {
+			return true
+		}
+		_, n := utf8.DecodeRuneInString(text[i:])
+		off = i + n
+	}
 }
 
 // closing is the closing tag of the tag open at the end of a turn's text

@@ -53,7 +53,19 @@ type Config struct {
 	// policy's, as with no_repeat_ngram. Needs a decoder that can ban
 	// tokens and knows its vocabulary (VocabDecoder). false = off.
 	AnswerSpan bool `toml:"answer_span"`
+	// SearchNames constrains the model name of a search: inside <search>,
+	// before the colon, the policy may write only a model name its prompt
+	// lists (every pool model, or the row's subset), then the colon;
+	// after it the sub-query is free. A call then never goes to a name
+	// that is not there (a policy trained from scratch sometimes copies the
+	// question into the name). Log-probabilities stay the unconstrained
+	// policy's. Needs a pool that lists its models, and a decoder as
+	// AnswerSpan's. false = off.
+	SearchNames bool `toml:"search_names"`
 }
+
+// constrains reports whether a decoding constraint of the protocol is on.
+func (c Config) constrains() bool { return c.AnswerSpan || c.SearchNames }
 
 // What router.on_repeat may be.
 const (
@@ -76,8 +88,8 @@ func (c Config) checkDecoder(dec any) error {
 	if c.bans() && !ban {
 		return fmt.Errorf("router.no_repeat_ngram = %d needs a decoder that can ban tokens (%T cannot)", c.NoRepeatNGram, dec)
 	}
-	if _, vocab := dec.(VocabDecoder); c.AnswerSpan && (!ban || !vocab) {
-		return fmt.Errorf("router.answer_span needs a decoder that can ban tokens and knows its vocabulary (%T cannot)", dec)
+	if _, vocab := dec.(VocabDecoder); c.constrains() && (!ban || !vocab) {
+		return fmt.Errorf("router.answer_span and router.search_names need a decoder that can ban tokens and knows its vocabulary (%T cannot)", dec)
 	}
 	return nil
 }

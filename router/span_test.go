@@ -12,7 +12,7 @@ import (
 
 // wishful writes a search turn, then (after the reply) the answer turn it
 // wants. A token it wants that is banned is replaced by the closing tag
-// when that is allowed, else by the lowest allowed id. It records the bans
+// when that is allowed, else the lowest allowed id goes before it. It records the bans
 // of every step after the reply.
 type wishful struct {
 	tok          Tokenizer
@@ -51,9 +51,9 @@ func (w *wishful) ExtendBanned(_ context.Context, rows []int, toks [][]int32, _ 
 			if c := w.enc(AnswerClose); !slices.Contains(ban[k], c[0]) {
 				w.queue[r] = c
 			} else {
-				for id := range w.vocab {
+				for id := range w.vocab { // the lowest allowed, then what it wanted
 					if !slices.Contains(ban[k], int32(id)) {
-						w.queue[r] = []int32{int32(id)}
+						w.queue[r] = append([]int32{int32(id)}, w.queue[r]...)
 						break
 					}
 				}
@@ -125,5 +125,64 @@ func TestAnswerSpan(t *testing.T) {
 		[]Job{{Question: q, Prompt: []int32{1, 2, 3}}}, generate.Sampling{}, eos, 1)
 	if err == nil || !strings.Contains(err.Error(), "answer_span") {
 		t.Fatalf("a decoder without bans: error %v", err)
+	}
+}
+
+// router.search_names: a search naming a model the pool lacks is written
+// as one it has (the name is built of allowed tokens up to the colon, the
+// sub-query is the policy's); without it the call goes to the unknown name.
+func TestSearchNames(t *testing.T) {
+	tok := loadTok(t)
+	pool := simPool(t, 0)
+	q := llmpool.Question{ID: "nq/1", Dataset: "nq", Text: "capital of France?", Golden: []string{"Paris"}}
+	eos := []int32{int32(tok.EOS())}
+	for _, on := range []bool{false, true} {
+		dec := &wishful{tok: tok, vocab: tok.VocabSize(), first: "<think>a</think><search>sim-c: capital of France?</search>",
+			later: "<answer> Paris</answer>", queue: map[int][]int32{}, fed: map[int]int{}}
+		cfg := Config{MaxTurns: 1, TurnTokens: 40, InfoTokens: 32, SearchNames: on}
+		out, _, err := Rollout(context.Background(), dec, tok, pool, cfg, []Job{{Question: q, Prompt: []int32{1, 2, 3}}}, generate.Sampling{}, eos, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls := out[0].Calls
+		if len(calls) != 1 {
+			t.Fatalf("search_names=%v: %d calls, want 1 (response %q)", on, len(calls), out[0].Text)
+		}
+		if known := calls[0].Model == "sim-a" || calls[0].Model == "sim-b"; known != on || calls[0].Unknown == on {
+			t.Errorf("search_names=%v: the call went to %q (unknown %v); response %q", on, calls[0].Model, calls[0].Unknown, out[0].Text)
+		}
+	}
+	// A pool that cannot list its models is refused up front.
+	if _, err := NewEngine(freshRows{&wishful{tok: tok, vocab: 10}}, tok, struct{ Pool }{pool}, Config{MaxTurns: 1, TurnTokens: 8, InfoTokens: 8, SearchNames: true},
+		EngineOptions{Rows: 1, EOS: eos}); err == nil || !strings.Contains(err.Error(), "search_names") {
+		t.Fatalf("a pool without Models: error %v", err)
+	}
+}
+
+func TestWordSpan(t *testing.T) {
+	for _, c := range []struct {
+		text, span string
+		whole, want bool
+	}{
+		{"The answer is Mercedes-Benz.", "Mer", false, true},
+		{"The answer is Mercedes-Benz.", "Mer", true, false},
+		{"The answer is Mercedes-Benz.", "Mercedes", true, true},
+		{"The answer is Mercedes-Benz.", "Mercedes-Benz", true, true},
+		{"The answer is Mercedes-Benz.", "ercedes", false, false},
+		{"The answer is Czech.", "he", false, false},
+		{"The answer is Czech.", "Czech.", true, true},
+		{"in the southeastern United States", "theastern", false, false},
+		{"the east, then theastern", "theastern", true, true}, // a later occurrence at a word start
+		{"Hugh S. Johnson", "Hugh S", true, true},
+		{"Français", "Fran", true, false},
+		{"Français", "Français", true, true},
+		{"1812", "18", true, false},
+		{"thirty-three thousand", "thirty-", true, false},
+		{"thirty-three thousand", "thirty-three", true, true},
+		{"", "x", false, false},
+	} {
+		if got := wordSpan(c.text, c.span, c.whole); got != c.want {
+			t.Errorf("wordSpan(%q, %q, %v) = %v, want %v", c.text, c.span, c.whole, got, c.want)
+		}
 	}
 }
