@@ -37,18 +37,29 @@ func UsePassiveOpenMP() {
 }
 
 // UseTrainingMalloc re-executes the running program with glibc malloc
-// settings that keep large tensors for reuse, unless they are all set
-// already (a variable the user set is kept). By default glibc serves every
-// large tensor with a fresh mmap and returns it with munmap, so each backward
-// pass page-faults its activations in again; with these, the offline
-// default's warm-up and GRPO steps ran about 1.4× faster (60 SFT steps: 33 s,
-// 29 s of it in the kernel, against 23 s). Batch-1 decoding of the small
-// preset, however, ran 3× slower, so only training commands call it, first
-// thing in their action: glibc reads the variables only at start-up. Freed
-// memory is kept instead of being returned to the system.
+// settings that keep tensors up to 32 MiB for reuse, unless they are all
+// set already (a variable the user set is kept). By default glibc serves
+// every tensor above 128 KiB with a fresh mmap and returns it with munmap,
+// so each backward pass page-faults its activations in again; with these,
+// the offline default's warm-up and GRPO steps ran about 1.4× faster (60
+// SFT steps: 33 s, 29 s of it in the kernel, against 23 s). Batch-1
+// decoding of the small preset, however, ran 3× slower, so only training
+// commands call it, first thing in their action: glibc reads the variables
+// only at start-up. Freed memory under the threshold is kept instead of
+// being returned to the system.
+//
+// Tensors of 32 MiB and more (glibc's largest mmap threshold) still come
+// from mmap and go back when freed: a large policy's logits, activations
+// and embedding-sized gradients. Kept in the heap (a threshold of 16 GiB,
+// as before), the holes they left did not fit what the optimizer step then
+// allocated, and the peak grew by 0.5 to 1.4 GiB beyond what was live
+// (bench/memory, 0.5B-shaped policies, docs/memory.md); each costs a
+// page-faulting mmap per update instead, small beside its update. The tiny
+// policy's tensors are nearly all below it (a rollout's KV cache of many
+// rows can pass it: one mmap per rollout).
 func UseTrainingMalloc() {
 	reexecWith([][2]string{
-		{"MALLOC_MMAP_THRESHOLD_", "17179869184"},
+		{"MALLOC_MMAP_THRESHOLD_", "33554432"},
 		{"MALLOC_TRIM_THRESHOLD_", "17179869184"},
 		{"MALLOC_TOP_PAD_", "268435456"},
 	})
