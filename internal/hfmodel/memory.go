@@ -352,14 +352,14 @@ func (c *Config) PlanMemory(o MemoryOptions) MemoryPlan {
 		update = ep
 	}
 
-	// Step: the sums, and in turn: the first step of several ranks copies
-	// them into the buckets, one bucket at a time (a bucket is at most
-	// bucket_bytes plus its last parameter); the optimizer's
-	// float32 temporaries (recal_train.cc's rc_policy_step, one parameter,
-	// or one StepSlice of a larger one, at a time: the gradient's square
-	// for the norm, then of the rank's share the clipped gradient, the
-	// second moment's square root and the denominator); sharded, for one round of the all-gather
-	// (about dist.bucket_bytes of parameters, whole ones), the send
+	// Step: the sums (with several ranks the buckets, made before the
+	// first backward by PrepareUpdate, hold them), and in turn: the
+	// optimizer's float32 temporaries (recal_train.cc's rc_policy_step,
+	// one parameter, or one StepSlice of a larger one, at a time: the
+	// gradient's square for the norm, then of the rank's share the clipped
+	// gradient, the second moment's square root and the denominator);
+	// sharded, for one round of the all-gather (about dist.bucket_bytes of
+	// parameters, whole ones), the send
 	// buffer, every rank's share (the policy's dtype), and c10d's own
 	// flat buffer of every rank's share, which its allgather fills before
 	// copying out (ProcessGroupGloo's and ProcessGroupNCCL's alike).
@@ -373,9 +373,6 @@ func (c *Config) PlanMemory(o MemoryOptions) MemoryPlan {
 	round := min(P, bucketBytes/es+largest) // a round of the all-gather holds whole parameters
 	if gather := (2*world + 1) * ((round + world - 1) / world) * es; sharded && gather > temp.Bytes {
 		temp = MemoryPart{"parameter all-gather", gather}
-	}
-	if bucket := bucketBytes + largest*4; world > 1 && bucket > temp.Bytes { // a bucket holds whole parameters
-		temp = MemoryPart{"first step's bucketing", bucket}
 	}
 	var sums int64 // the buckets hold them with several ranks
 	if world == 1 {
