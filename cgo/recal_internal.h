@@ -93,6 +93,11 @@ struct rc_policy {
   // is summed whole, then added to the sums, so accumulating micro-batches
   // adds exactly what data-parallel ranks each holding one would all-reduce.
   torch::Tensor head_grad;
+  // Whether every gradient sum is known to hold +0 only (bucketed sums just
+  // zeroed, before the next backward's flush). A backward that starts from
+  // such sums adds its output head's gradient into the sums directly
+  // instead of into a head_grad of its own: +0 + x is x, bit for bit.
+  bool sums_zero = false;
 
   // AdamW state, created on the first step.
   int64_t step = 0;
@@ -173,6 +178,38 @@ struct rc_policy {
   // The float32 gradient sum of parameter i, undefined when it has none.
   torch::Tensor grad(size_t i) const { return i < grad32.size() ? grad32[i] : torch::Tensor(); }
 
+  // Where this backward call's output head gradient goes (head in
+  // recal_train.cc): the sum itself when it is known to be zero (the first
+  // micro-batch after a step with bucketed sums), else a new head_grad that
+  // flush_grads adds whole.
+  torch::Tensor head_grad_target() {
+    if (sums_zero && grad(lm_head).defined()) {
+      head_grad = torch::Tensor();
+      return grad32[lm_head];
+    }
+    head_grad = torch::zeros(params[lm_head].sizes(), torch::TensorOptions().dtype(torch::kFloat32).device(device));
+    return head_grad;
+  }
+
+  // The float32 tensor to which the embedding's backward adds this call's
+  // gradient rows directly (Embedding in recal_model.cc), in place of
+  // autograd's dense [vocab, hidden] gradient that would be added whole;
+  // undefined where only that gives the same bits. Tied weights: the call's
+  // head gradient (head_grad, or the sum it went into), to which flush_grads
+  // would add the dense gradient. An untied embedding: its sum while that is
+  // zero and is its .grad (a bucket view). Each untouched row would gain
+  // +0, which changes none of these: they start at +0 and only ever gain
+  // sums, so none holds -0. CPU only: a GPU's dense embedding backward
+  // sums a token's rows in another order.
+  torch::Tensor embed_grad_target() const {
+    if (!device.is_cpu()) return {};
+    if (embed == lm_head) {
+      if (head_grad.defined()) return head_grad;
+      return sums_zero ? grad(lm_head) : torch::Tensor();
+    }
+    return sums_zero && grad_is_view(embed) ? grad(embed) : torch::Tensor();
+  }
+
   // Puts the gradient sums into buckets of about bucket_bytes (at least one
   // parameter each), keeping their values; a no-op when they are already
   // bucketed for the current parameters. Bucket by bucket: each old sum is
@@ -204,6 +241,7 @@ struct rc_policy {
         off += n;
       }
     };
+    sums_zero = false;
     bucketed_params = params.size();  // grad_is_view holds for the parameters filled so far
     size_t first = 0;
     int64_t n = 0;
@@ -229,6 +267,7 @@ struct rc_policy {
     buckets.clear();
     bucket_spans.clear();
     bucketed_params = 0;
+    sums_zero = false;
   }
 
   // Moves the gradients autograd left in .grad into the float32 sums (for
@@ -250,6 +289,7 @@ struct rc_policy {
       t.mutable_grad() = torch::Tensor();
     }
     head_grad = torch::Tensor();
+    sums_zero = false;
   }
 
   // Drops every gradient (bucketed sums are zeroed in place).
@@ -257,11 +297,16 @@ struct rc_policy {
     torch::NoGradGuard ng;
     if (!buckets.empty()) {
       for (auto& b : buckets) b.zero_();
-      for (size_t i = 0; i < params.size(); i++)
+      for (size_t i = 0; i < params.size(); i++) {
         if (!grad_is_view(i)) params[i].mutable_grad() = torch::Tensor();
+        // Parameters added since the buckets were made have sums of their own.
+        if (i >= bucketed_params && i < grad32.size()) grad32[i] = torch::Tensor();
+      }
+      sums_zero = true;
     } else {
       for (auto& t : params) t.mutable_grad() = torch::Tensor();
       grad32.clear();
+      sums_zero = false;
     }
     head_grad = torch::Tensor();
   }

@@ -146,6 +146,37 @@ struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
   }
 };
 
+// The token embedding, whose backward adds the gradient's rows straight to
+// rc_policy::embed_grad_target where that gives the bits of autograd's own
+// backward (a dense [vocab, hidden] gradient, zero but in the tokens' rows,
+// added whole afterwards), so that no such tensor is made; elsewhere it
+// returns that dense gradient. Each token's rows are summed in their order
+// from zero in the gradient's dtype, by the kernel embedding_dense_backward
+// uses, and the sum is added once.
+struct Embedding : torch::autograd::Function<Embedding> {
+  static Tensor forward(torch::autograd::AutogradContext* ctx, Tensor w, Tensor tokens, const rc_policy* p) {
+    ctx->saved_data["policy"] = reinterpret_cast<int64_t>(p);
+    ctx->saved_data["rows"] = w.size(0);
+    ctx->save_for_backward({tokens});
+    return torch::embedding(w, tokens);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad) {
+    auto tokens = ctx->get_saved_variables()[0];
+    const auto* p = reinterpret_cast<const rc_policy*>(ctx->saved_data["policy"].toInt());
+    auto target = p->embed_grad_target();
+    if (!target.defined())
+      return {torch::embedding_backward(grad[0], tokens, ctx->saved_data["rows"].toInt(), -1, false, false), Tensor(),
+              Tensor()};
+    auto flat = tokens.reshape({-1});
+    auto rows = grad[0].reshape({flat.numel(), grad[0].size(-1)});
+    auto [ids, slot] = torch::_unique(flat, /*sorted=*/true, /*return_inverse=*/true);
+    auto sums = torch::zeros({ids.numel(), rows.size(1)}, rows.options()).index_add_(0, slot, rows);
+    target.index_add_(0, ids, sums.to(torch::kFloat32));
+    return {Tensor(), Tensor(), Tensor()};
+  }
+};
+
 // Full causal forward of right-padded tokens [B, T]; returns the final-norm
 // hidden states [B, T, H]. Padding sits after each row's valid tokens, so the
 // causal mask alone keeps it from influencing valid positions. With
@@ -153,7 +184,9 @@ struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
 // (CheckpointedLayer): activations of one layer at a time instead of all.
 Tensor forward_full(const rc_policy& p, const Tensor& tokens) {
   auto T = tokens.size(1);
-  auto x = torch::embedding(p.P(p.embed), tokens);
+  const auto& W = p.P(p.embed);
+  auto x = torch::GradMode::is_enabled() && W.requires_grad() ? Embedding::apply(W, tokens, &p)
+                                                               : torch::embedding(W, tokens);
   auto pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(p.device));
   auto [cos, sin] = rope(p, pos);
   cos = cos.unsqueeze(0);

@@ -27,8 +27,9 @@ namespace {
 //   dL/dlogits = c · (onehot(target) − softmax) + e · softmax ⊙ (log softmax + H)
 // where c = dL/dlogp (from coef) and e the entropy-bonus weight per token.
 // The head weight's gradient is accumulated in float32 into p.head_grad
-// (added to the gradient sums by flush_grads) and dL/dh is returned, so autograd never stores a
-// [tokens, vocab] tensor.
+// (added to the gradient sums by flush_grads), or straight into the sum when
+// that is zero (rc_policy::head_grad_target), and dL/dh is returned, so
+// autograd never stores a [tokens, vocab] tensor.
 struct HeadGrad {
   // Per-token dL/dlogp for a chunk [s, s+n) given its log-probs and entropies.
   std::function<Tensor(int64_t s, int64_t n, const Tensor& lp, const Tensor& ent)> coef;
@@ -47,8 +48,9 @@ void head(rc_policy& p, const Tensor& h, const Tensor& targets, int64_t chunk, T
   Tensor Wg;  // float32, whatever the policy's dtype: chunks accumulate exactly
   if (grad) {
     *hgrad = torch::zeros_like(h);
-    // This call's own sum, added to grad32 whole by flush_grads.
-    Wg = p.head_grad = torch::zeros(W.sizes(), f32);
+    // This call's own sum, added to grad32 whole by flush_grads, or the
+    // zeroed sum itself.
+    Wg = p.head_grad_target();
   }
   for (int64_t s = 0; s < N; s += chunk) {
     auto n = std::min(chunk, N - s);

@@ -516,6 +516,217 @@ func TestProcessGroupOneProcess(t *testing.T) {
 	}
 }
 
+// Once the gradient sums live in buckets, the first backward after a step
+// adds the output head's gradient straight into the zeroed sums, and the
+// embedding's backward adds its rows in place, instead of adding dense
+// [vocab, hidden] gradients whole. A policy all-reduced in a group of one
+// must still follow, bit for bit, the same policy trained without a group
+// (whose sums are tensors of their own): float32 and bfloat16, tied and
+// untied, repeated tokens (their rows summed in order), two micro-batches
+// per step, a ZeroGrad that drops a backward, and a value head added once
+// the buckets exist.
+func TestBucketedGradientsMatchUnbucketed(t *testing.T) {
+	if os.Getenv(helperEnv) != "" {
+		t.Skip("inside a helper rank")
+	}
+	ctx := context.Background()
+	g, err := torchbridge.NewProcessGroup(ctx, torchbridge.GroupOptions{WorldSize: 1, MasterPort: ranktest.FreePort(t),
+		Timeout: 5 * time.Second, BucketBytes: 5000}) // several buckets
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	for _, dtype := range []string{"float32", "bfloat16"} {
+		for _, tied := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s-tied=%v", dtype, tied), func(t *testing.T) {
+				var pols [2]*torchbridge.Policy // 0: no group; 1: all-reduced in the group of one
+				for i := range pols {
+					p, err := torchbridge.NewPolicy(tinyConfig(64, tied), torchbridge.Options{DType: dtype})
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { p.Close() })
+					if err := p.InitRandom(7, 0.2); err != nil {
+						t.Fatal(err)
+					}
+					pols[i] = p
+				}
+				state := func(p *torchbridge.Policy, prefix string) []float32 {
+					var all []float32
+					for _, pr := range p.Params() {
+						all = append(all, getF32(t, p, prefix+pr.Name, pr.Numel())...)
+					}
+					return all
+				}
+				for step := 0; step < 4; step++ {
+					ppo := step >= 2
+					if step == 2 {
+						for _, p := range pols {
+							if err := p.AddValueHead(); err != nil {
+								t.Fatal(err)
+							}
+						}
+					}
+					rng := rand.New(rand.NewSource(int64(step)))
+					batch := func() []torchbridge.Sequence {
+						var seqs []torchbridge.Sequence
+						for b := 0; b < 3; b++ {
+							toks := randomSeq(rng, 9+b, 12) // 12 of 64 tokens: repeats, and rows no token touches
+							s := torchbridge.Sequence{Tokens: toks, Mask: make([]float32, len(toks)), Advantage: float32(b) - 1}
+							for i := 3; i < len(toks); i++ {
+								s.Mask[i] = 1
+							}
+							if ppo {
+								s.TokenAdv, s.Returns = make([]float32, len(toks)), make([]float32, len(toks))
+								for i := range toks {
+									s.TokenAdv[i], s.Returns[i] = float32(rng.NormFloat64()), float32(rng.NormFloat64())
+								}
+							}
+							seqs = append(seqs, s)
+						}
+						return seqs
+					}
+					micro := [][]torchbridge.Sequence{batch(), batch()}
+					dropped := batch()
+					opt := torchbridge.LossOptions{ClipEps: 0.2, EntropyCoef: 0.01, Scale: 0.1, VFCoef: 0.5}
+					for i, p := range pols {
+						if ppo { // a backward dropped by ZeroGrad (at step 2 before the value head is in a bucket)
+							if _, err := p.Backward(ctx, dropped, opt); err != nil {
+								t.Fatal(err)
+							}
+							if err := p.ZeroGrad(ctx); err != nil {
+								t.Fatal(err)
+							}
+						}
+						for _, seqs := range micro {
+							if _, err := p.Backward(ctx, seqs, opt); err != nil {
+								t.Fatal(err)
+							}
+						}
+						if i == 1 {
+							if err := g.AllReduceGrads(ctx, p); err != nil {
+								t.Fatal(err)
+							}
+						}
+					}
+					if !slicesEqual(state(pols[0], "grad/"), state(pols[1], "grad/")) {
+						t.Fatalf("step %d: the bucketed policy's gradients differ from the unbucketed one's after the same backward passes: "+
+							"data-parallel ranks would not compute what one process computes", step)
+					}
+					for _, p := range pols {
+						if _, err := p.Step(ctx, torchbridge.AdamW{LR: 1e-2, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: 0.1, MaxGradNorm: 1}); err != nil {
+							t.Fatal(err)
+						}
+					}
+					if !slicesEqual(state(pols[0], ""), state(pols[1], "")) {
+						t.Fatalf("step %d: the bucketed policy's weights differ from the unbucketed one's after the same step", step)
+					}
+				}
+			})
+		}
+	}
+}
+
+// A tied policy's embedding gradient is the output head's plus the token
+// embedding's, added once per backward call: bit for bit what an untied twin
+// with both matrices equal computes apart (its embedding's gradient from
+// autograd's dense embedding backward), whether the rows go into a head
+// gradient of the call's own, or, in a group, straight into the zeroed sum.
+func TestTiedGradientIsHeadPlusEmbedding(t *testing.T) {
+	if os.Getenv(helperEnv) != "" {
+		t.Skip("inside a helper rank")
+	}
+	ctx := context.Background()
+	g, err := torchbridge.NewProcessGroup(ctx, torchbridge.GroupOptions{WorldSize: 1, MasterPort: ranktest.FreePort(t),
+		Timeout: 5 * time.Second, BucketBytes: 5000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	const embed, head = "model.embed_tokens.weight", "lm_head.weight"
+	for _, dtype := range []string{"float32", "bfloat16"} {
+		for _, grouped := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s-grouped=%v", dtype, grouped), func(t *testing.T) {
+				newPolicy := func(tied bool) *torchbridge.Policy {
+					p, err := torchbridge.NewPolicy(tinyConfig(64, tied), torchbridge.Options{DType: dtype})
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { p.Close() })
+					return p
+				}
+				tied, twin := newPolicy(true), newPolicy(false)
+				if err := tied.InitRandom(9, 0.2); err != nil {
+					t.Fatal(err)
+				}
+				for _, pr := range tied.Params() {
+					v := getF32(t, tied, pr.Name, pr.Numel())
+					setF32(t, twin, pr.Name, v)
+					if pr.Name == embed {
+						setF32(t, twin, head, v)
+					}
+				}
+				rng := rand.New(rand.NewSource(3))
+				batch := func() []torchbridge.Sequence {
+					var seqs []torchbridge.Sequence
+					for b := 0; b < 2; b++ {
+						toks := randomSeq(rng, 10, 12) // repeated tokens
+						s := torchbridge.Sequence{Tokens: toks, Mask: make([]float32, len(toks)), Advantage: float32(b) - 0.5}
+						for i := 2; i < len(toks); i++ {
+							s.Mask[i] = 1
+						}
+						seqs = append(seqs, s)
+					}
+					return seqs
+				}
+				opt := torchbridge.LossOptions{ClipEps: 0.2, EntropyCoef: 0.01, Scale: 0.1}
+				if grouped { // the sums into buckets, then zeroed: the next backward writes into them
+					if _, err := tied.Backward(ctx, batch(), opt); err != nil {
+						t.Fatal(err)
+					}
+					if err := g.AllReduceGrads(ctx, tied); err != nil {
+						t.Fatal(err)
+					}
+					if err := tied.ZeroGrad(ctx); err != nil {
+						t.Fatal(err)
+					}
+				}
+				var n int64
+				for _, pr := range tied.Params() {
+					if pr.Name == embed {
+						n = pr.Numel()
+					}
+				}
+				var want []float32 // the tied sum so far
+				for micro := 0; micro < 2; micro++ {
+					seqs := batch()
+					for _, p := range []*torchbridge.Policy{tied, twin} {
+						if _, err := p.Backward(ctx, seqs, opt); err != nil {
+							t.Fatal(err)
+						}
+					}
+					h, e := getF32(t, twin, "grad/"+head, n), getF32(t, twin, "grad/"+embed, n)
+					for i := range h {
+						v := h[i] + e[i] // the call's head and embedding gradients, added once
+						if micro == 0 {
+							want = append(want, v)
+						} else {
+							want[i] += v
+						}
+					}
+					if got := getF32(t, tied, "grad/"+embed, n); !slicesEqual(got, want) {
+						t.Fatalf("backward %d: the tied gradient differs from the untied twin's head + embedding gradients: "+
+							"the embedding's rows were not summed as autograd's dense gradient sums them", micro)
+					}
+					if err := twin.ZeroGrad(ctx); err != nil {
+						t.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
+
 // Data-parallel ranks, and one process from one run to the next, group a
 // step's rows into decode calls differently (pool replies arrive when they
 // do). With log-probs asked for (training rollouts) a row's logits must be
