@@ -302,9 +302,26 @@ func (c *Config) PlanMemory(o MemoryOptions) MemoryPlan {
 	chunk = max(min(chunk, N), 0)
 	// The output head, fused and chunked (recal_train.cc's head): a chunk's
 	// float32 logits and their exponentials, the head weight's float32
-	// gradient of this backward, and dL/dh for every scored token.
+	// gradient of this backward, and dL/dh for every scored token. With
+	// several ranks and one micro-batch a step, the backward starts from
+	// zeroed buckets and adds the head weight's gradient into them
+	// (rc_policy::head_grad_target): no gradient of its own.
 	logits := 2 * chunk * V * 4
-	headGrad := V*H*4 + N*H*es
+	headDirect := world > 1 && o.MicroBatches <= 1
+	headWeight := V * H * 4
+	if headDirect {
+		headWeight = 0
+	}
+	headGrad := headWeight + N*H*es
+	// The embedding's backward makes a dense [vocab, hidden] gradient in the
+	// policy's dtype, except on the CPU where it adds its rows in place
+	// (recal_model.cc's Embedding): into the head weight's gradient when
+	// tied, into the zeroed bucket when untied with float32 buckets.
+	dense := V * H * es
+	if !o.CUDA && (c.TieWordEmbeddings || (es == 4 && headDirect)) {
+		dense = 0
+	}
+	noDense := V*H*es - dense // what the trunk's gradients lack without it
 	// Gradients, and when the update peaks. The float32 sums exist before
 	// a backward starts when it is not the step's first micro-batch (one
 	// rank) and always with several ranks (the buckets, counted above). A
@@ -313,8 +330,8 @@ func (c *Config) PlanMemory(o MemoryOptions) MemoryPlan {
 	// weight's gradient: a float32 first micro-batch's gradients become the
 	// sums (no copy); later ones exist beside the sums until they are
 	// added in; with buckets autograd adds into them directly except for
-	// the embedding (the output head's weight when tied), whose gradient
-	// is added by flush_grads; bfloat16 gradients always exist beside the
+	// the embedding's dense gradient (the output head's weight when tied),
+	// which flush_grads adds; bfloat16 gradients always exist beside the
 	// float32 sums, and one rank's first micro-batch creates the sums from
 	// them. The update's peak is the larger of two moments: the head's
 	// (every activation, the logits chunk or, once autograd starts, the
@@ -326,13 +343,13 @@ func (c *Config) PlanMemory(o MemoryOptions) MemoryPlan {
 	}
 	switch {
 	case es != 4 && world == 1 && o.MicroBatches <= 1:
-		fresh = max(P*es, P*4-V*H*4) // the sums made from them, the embedding's into the head's
+		fresh = max(P*es-noDense, P*4-V*H*4) // the sums made from them, the embedding's into the head's
 	case es != 4:
-		fresh = P * es
+		fresh = P*es - noDense
 	case world > 1:
-		fresh = V * H * 4
+		fresh = dense
 	default:
-		fresh = P * 4
+		fresh = P*4 - noDense
 	}
 	head := []MemoryPart{{"gradient sums", before}, {"activations", acts}}
 	if logits >= workspace {
@@ -341,11 +358,11 @@ func (c *Config) PlanMemory(o MemoryOptions) MemoryPlan {
 		head = append(head, MemoryPart{"backward workspace", workspace})
 	}
 	head = append(head, MemoryPart{"head gradients", headGrad})
-	// The embedding's gradient, a dense [vocab, hidden] tensor, is made by
-	// its backward and then copied into .grad (autograd keeps what it
-	// cannot take over), so a second one exists for a moment at the end.
-	end := []MemoryPart{{"gradient sums", before}, {"backward's gradients", fresh}, {"head weight's gradient", V * H * 4},
-		{"embedding gradient's copy", V * H * es}}
+	// The embedding's dense gradient, where there is one, is made by its
+	// backward and then copied into .grad (autograd keeps what it cannot
+	// take over), so a second one exists for a moment at the end.
+	end := []MemoryPart{{"gradient sums", before}, {"backward's gradients", fresh}, {"head weight's gradient", headWeight},
+		{"embedding gradient's copy", dense}}
 	hp, ep := with("update", head...), with("update", end...)
 	update := hp
 	if ep.Peak() > hp.Peak() {

@@ -122,7 +122,7 @@ func TestPlanMemoryHostileSettings(t *testing.T) {
 	c := qwen3B(t)
 	base := MemoryOptions{DType: "float32", Train: true, World: 1, MicroSeqs: 2, SeqLen: 100, MicroBatches: 1,
 		HeadChunk: 256, RolloutRows: 8, PromptLen: 50, Capacity: 100}
-	const P = 3085938688
+	const P, VH = 3085938688, 151936 * 2048
 	for _, tc := range []struct {
 		name  string
 		edit  func(*MemoryOptions)
@@ -180,14 +180,41 @@ func TestPlanMemoryHostileSettings(t *testing.T) {
 				t.Errorf("activations with checkpointing %d ≥ without %d", p.Head.Part("activations"), plain.Head.Part("activations"))
 			}
 		}},
+		// On the CPU the tied embedding's rows go into the head weight's
+		// gradient: the backward's gradients are the rest, P − V·H.
 		{"more micro-batches keep a backward's gradients beside the sums", func(o *MemoryOptions) { o.MicroBatches = 3 }, func(t *testing.T, p MemoryPlan) {
-			if got, sums := p.BackwardEnd.Part("backward's gradients"), p.BackwardEnd.Part("gradient sums"); got != P*4 || sums != P*4 {
-				t.Errorf("backward's gradients %d beside sums %d, want P·4 = %d each", got, sums, int64(P*4))
+			got, head, sums := p.BackwardEnd.Part("backward's gradients"), p.BackwardEnd.Part("head weight's gradient"), p.BackwardEnd.Part("gradient sums")
+			if got != (P-VH)*4 || head != VH*4 || sums != P*4 {
+				t.Errorf("backward's gradients %d and the head weight's %d beside sums %d, want (P − V·H)·4 = %d, V·H·4 = %d and P·4 = %d",
+					got, head, sums, int64((P-VH)*4), int64(VH*4), int64(P*4))
 			}
 		}},
 		{"one micro-batch's gradients become the sums", func(o *MemoryOptions) {}, func(t *testing.T, p MemoryPlan) {
-			if got, sums := p.BackwardEnd.Part("backward's gradients"), p.BackwardEnd.Part("gradient sums"); got != P*4 || sums != 0 {
-				t.Errorf("backward's gradients %d beside sums %d, want P·4 = %d and none", got, sums, int64(P*4))
+			got, head, sums := p.BackwardEnd.Part("backward's gradients"), p.BackwardEnd.Part("head weight's gradient"), p.BackwardEnd.Part("gradient sums")
+			if got+head != P*4 || sums != 0 || p.BackwardEnd.Part("embedding gradient's copy") != 0 {
+				t.Errorf("backward's gradients %d and the head weight's %d beside sums %d (%s), want P·4 = %d in all and no sums or dense embedding gradient",
+					got, head, sums, p.BackwardEnd, int64(P*4))
+			}
+		}},
+		{"a GPU's embedding backward makes a dense gradient", func(o *MemoryOptions) { o.CUDA = true }, func(t *testing.T, p MemoryPlan) {
+			if got := p.BackwardEnd.Part("embedding gradient's copy"); got != VH*4 {
+				t.Errorf("embedding gradient's copy %d, want V·H·4 = %d", got, int64(VH*4))
+			}
+			if got := p.BackwardEnd.Part("backward's gradients"); got != P*4 {
+				t.Errorf("backward's gradients %d, want P·4 = %d (the dense embedding gradient among them)", got, int64(P*4))
+			}
+		}},
+		{"several ranks, one micro-batch: the head weight's gradient goes into the buckets", func(o *MemoryOptions) { o.World = 2 }, func(t *testing.T, p MemoryPlan) {
+			if got := p.BackwardEnd.Part("head weight's gradient") + p.BackwardEnd.Part("backward's gradients"); got != 0 {
+				t.Errorf("%d bytes of gradients beside the buckets at the backward's end, want none", got)
+			}
+			if got := p.Head.Part("head gradients"); got != 200*2048*4 {
+				t.Errorf("head gradients %d, want dL/dh alone, %d", got, 200*2048*4)
+			}
+		}},
+		{"several ranks, two micro-batches: the second has a head weight's gradient of its own", func(o *MemoryOptions) { o.World = 2; o.MicroBatches = 2 }, func(t *testing.T, p MemoryPlan) {
+			if got := p.BackwardEnd.Part("head weight's gradient"); got != VH*4 {
+				t.Errorf("head weight's gradient %d, want V·H·4 = %d", got, int64(VH*4))
 			}
 		}},
 	} {
