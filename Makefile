@@ -45,6 +45,13 @@ CUDA_INC ?=
 DIST_DEFS :=
 ifeq ($(shell printf '\043include <gloo/config.h>\n' | $(CXX) $(TORCH_INC) $(GLOO_INC) -x c++ -E - >/dev/null 2>&1 && echo ok),ok)
 DIST_DEFS += -DUSE_C10D_GLOO $(GLOO_INC)
+# With Debian's libtorch and Debian's Gloo headers (the libgloo that
+# libtorch loads is theirs) the gradient all-reduce runs Gloo's ring with
+# larger pipeline steps than c10d's (cgo/recal_dist.cc, SegmentedAllreduce);
+# with any other pair it keeps c10d's allreduce.
+ifeq ($(strip $(LIBTORCH))$(strip $(GLOO_INC)),)
+DIST_DEFS += -DRECAL_GLOO_SEGMENTS
+endif
 ifneq ($(strip $(LIBTORCH)),)
 ifneq ($(wildcard $(LIBTORCH)/lib/libtorch_cuda.so),)
 ifeq ($(shell printf '\043include <nccl.h>\n\043include <ATen/cuda/CUDAContext.h>\n' | $(CXX) $(TORCH_INC) $(CUDA_INC) -x c++ -E - >/dev/null 2>&1 && echo ok),ok)

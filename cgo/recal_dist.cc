@@ -25,6 +25,12 @@
 #endif
 #endif
 
+#ifdef RECAL_GLOO_SEGMENTS
+#include <dlfcn.h>
+#include <gloo/allreduce.h>
+#include <gloo/math.h>
+#endif
+
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -37,12 +43,91 @@ using recal::guarded;
 
 #ifdef USE_C10D_GLOO
 
+#ifdef RECAL_GLOO_SEGMENTS
+// The gradient all-reduce calls Gloo's allreduce itself (SegmentedAllreduce).
+// These are the Gloo functions it reaches that are not inline in Gloo's
+// headers: weak references, resolved when the process starts from the
+// libgloo that Debian's libtorch loads, so the bridge links without -lgloo
+// (cgo's flags name libtorch's libraries only); gloo_linked says whether
+// they were.
+asm(".weak _ZN4gloo9allreduceERKNS_16AllreduceOptionsE");
+asm(".weak _ZNK4gloo7Context10getTimeoutEv");
+asm(".weak _ZN4gloo7Context19createUnboundBufferEPvm");
+
+namespace {
+
+// The most bytes Gloo's ring all-reduce moves per step of its pipeline. c10d
+// keeps Gloo's default, 1 MiB, which it does not let a caller change: a
+// bucket holding the embedding's gradient (78 MB for the tiny preset, 545 MB
+// for Qwen2.5-0.5B) then takes a hundred or more steps, each a hand-over
+// between Gloo's worker and its socket thread. With 8 MiB the same ring
+// moves the same bytes in fewer, larger steps: 2 ranks on loopback, the
+// tiny preset's two buckets, 20–25 % less time on the 2-core VM, no change
+// for 25 MiB buckets (steps of 16 MiB or more were slower: too few to keep
+// the ring's sends and reductions overlapped). The scratch Gloo allocates
+// per all-reduce grows from 2 MiB to 16 MiB.
+constexpr size_t kSegmentBytes = 8 << 20;
+
+// Whether the weak Gloo references above resolved to the libgloo whose
+// headers this file was compiled with (Debian's, which its libtorch loads).
+bool gloo_linked() {
+  static const bool ok = [] {
+    const char* syms[] = {"_ZN4gloo9allreduceERKNS_16AllreduceOptionsE", "_ZNK4gloo7Context10getTimeoutEv",
+                          "_ZN4gloo7Context19createUnboundBufferEPvm"};
+    for (auto s : syms) {
+      void* f = dlsym(RTLD_DEFAULT, s);
+      Dl_info info;
+      if (!f || !dladdr(f, &info) || !info.dli_fname || !std::strstr(info.dli_fname, "libgloo.so")) return false;
+    }
+    return true;
+  }();
+  return ok;
+}
+
+// c10d's Gloo process group with the members a subclass may use opened to
+// the bridge: its tags, contexts and work queue run SegmentedAllreduce on
+// c10d's own worker threads, in the order of c10d's other collectives.
+struct GlooGroup : c10d::ProcessGroupGloo {
+  using ProcessGroupGloo::ProcessGroupGloo;
+  using ProcessGroupGloo::enqueue;
+  using ProcessGroupGloo::getContext;
+  using ProcessGroupGloo::nextTag;
+};
+
+// One float32 bucket's all-reduce (sum) as c10d's allreduce runs it (Gloo's
+// ring, on a worker thread of c10d's, waited on like c10d's own work), in
+// pipeline steps of up to kSegmentBytes.
+struct SegmentedAllreduce : c10d::ProcessGroupGloo::AsyncWork {
+  SegmentedAllreduce(std::shared_ptr<gloo::Context> ctx, at::Tensor t, uint32_t tag)
+      : AsyncWork({{t}}, "recal:allreduce_grads"), ctx_(std::move(ctx)), t_(std::move(t)), tag_(tag) {}
+  void run() override {
+    gloo::AllreduceOptions o(ctx_);
+    o.setOutput(t_.data_ptr<float>(), (size_t)t_.numel());
+    o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+    o.setTag(tag_);
+    o.setMaxSegmentSize(kSegmentBytes);
+    gloo::allreduce(o);
+  }
+
+ private:
+  std::shared_ptr<gloo::Context> ctx_;
+  at::Tensor t_;
+  uint32_t tag_;
+};
+
+}  // namespace
+
+using GlooPG = GlooGroup;
+#else
+using GlooPG = c10d::ProcessGroupGloo;
+#endif
+
 struct rc_dist {
   int rank = 0, size = 1;
   std::chrono::milliseconds timeout{300000};
   int64_t bucket_bytes = 0;
   c10::intrusive_ptr<c10d::Store> store;  // the TCPStore, or a PrefixStore over the launcher's
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;  // bytes, barrier, CPU gradients
+  c10::intrusive_ptr<GlooPG> gloo;        // bytes, barrier, CPU gradients
 #ifdef USE_C10D_NCCL
   c10::intrusive_ptr<c10d::ProcessGroupNCCL> nccl;  // CUDA gradients
 #endif
@@ -101,6 +186,15 @@ void broadcast(rc_dist* d, torch::Tensor& t, int root) {
 }
 
 c10::intrusive_ptr<c10d::Work> allreduce(rc_dist* d, torch::Tensor& t) {
+#ifdef RECAL_GLOO_SEGMENTS
+  if (t.device().is_cpu() && t.scalar_type() == torch::kFloat32 && t.is_contiguous() && t.numel() > 0 &&
+      gloo_linked()) {
+    auto tag = d->gloo->nextTag();
+    auto w = c10::make_intrusive<SegmentedAllreduce>(d->gloo->getContext(tag), t, tag);
+    d->gloo->enqueue(w);
+    return w;
+  }
+#endif
   std::vector<torch::Tensor> ts{t};
   c10d::AllreduceOptions o;
   o.reduceOp = c10d::ReduceOp::SUM;
@@ -186,7 +280,7 @@ int rc_dist_new(const rc_dist_opts* o, rc_dist** out, char** err) {
                                               : c10d::ProcessGroupGloo::createDefaultDevice());
       go->threads = 2;
       auto gstore = c10::make_intrusive<c10d::PrefixStore>("recal/gloo", d->store);
-      d->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(gstore, o->rank, o->world_size, go);
+      d->gloo = c10::make_intrusive<GlooPG>(gstore, o->rank, o->world_size, go);
 #ifdef USE_C10D_NCCL
       if (backend == "nccl") {
         // Without blocking wait a failed NCCL collective hangs the host; with

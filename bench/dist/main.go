@@ -12,7 +12,12 @@
 // is not counted. Same buffers (the preset's parameter shapes, float32, in
 // the same 25 MiB buckets), the same intra-op threads (--threads) and
 // Gloo's default 2 worker threads on both sides, each all-reduce preceded by
-// a barrier and timed on rank 0.
+// a barrier and timed on rank 0. Both run Gloo's ring all-reduce per bucket
+// on those worker threads, every bucket started before any is waited for;
+// recal's ring moves each bucket in pipeline steps of up to 8 MiB, c10d's
+// (and so DDP's) in Gloo's default 1 MiB, which c10d does not expose (see
+// torchbridge.ProcessGroup.AllReduceGrads). The same bytes cross the same
+// sockets.
 //
 // Modes (recal / torch.distributed):
 //
@@ -21,7 +26,8 @@
 //	                 gradient sums), then the buckets' all-reduces: what a
 //	                 training step's all-reduce does.
 //	recal views      the same after an extra untimed all-reduce: the
-//	                 buckets' all-reduces alone.
+//	                 buckets' all-reduces alone, with an all-reduce rather
+//	                 than a backward just before.
 //	torch views      the same buckets, gradients as their views (DDP's
 //	                 gradient_as_bucket_view=True): the all-reduces alone.
 //	torch bucketed   copy in, async all-reduce per bucket, copy back (DDP's
@@ -289,7 +295,7 @@ func compare(preset string) error {
 		torch, recal string
 		what         string
 	}{
-		{"views", "views", "the buckets' all-reduces alone (same work)"},
+		{"views", "views", "the buckets' all-reduces alone (same buckets, same bytes)"},
 		{"bucketed", "grads", "a step's all-reduce: DDP's reducer (copy in and back) / recal's (in place)"},
 		{"views", "grads", "DDP with gradient_as_bucket_view / recal's step"},
 		{"flat", "views", "one buffer / recal's buckets"},
