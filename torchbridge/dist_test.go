@@ -145,23 +145,29 @@ func slicesEqual(a, b []float32) bool {
 
 // A rank that dies (SIGKILL, no clean-up) makes the survivor's next
 // collective fail promptly with an error naming the operation, rather than
-// hang; later calls report the same failure, and Close returns.
+// hang; later calls report the same failure, and Close returns: for a byte
+// collective and for the gradient all-reduce (recal's own Gloo work items
+// on the CPU).
 func TestDistDeadPeer(t *testing.T) {
 	if os.Getenv(helperEnv) != "" {
 		t.Skip("inside a helper rank")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cmds, outs := launch(t, ctx, "dead-peer", t.TempDir(), 2)
-	err1 := cmds[1].Wait()
-	var ee *exec.ExitError
-	if !errors.As(err1, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
-		t.Fatalf("rank 1 should have died of SIGKILL, got %v\n%s", err1, outs[1])
+	for _, scenario := range []string{"dead-peer", "dead-peer-grads"} {
+		t.Run(scenario, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			cmds, outs := launch(t, ctx, scenario, t.TempDir(), 2)
+			err1 := cmds[1].Wait()
+			var ee *exec.ExitError
+			if !errors.As(err1, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+				t.Fatalf("rank 1 should have died of SIGKILL, got %v\n%s", err1, outs[1])
+			}
+			if err := cmds[0].Wait(); err != nil {
+				t.Fatalf("surviving rank 0: %v\n%s", err, outs[0])
+			}
+			t.Logf("rank 0:\n%s", outs[0])
+		})
 	}
-	if err := cmds[0].Wait(); err != nil {
-		t.Fatalf("surviving rank 0: %v\n%s", err, outs[0])
-	}
-	t.Logf("rank 0:\n%s", outs[0])
 }
 
 // Under torchrun's agent store (its static rendezvous) the launcher serves
@@ -231,7 +237,9 @@ func TestDistHelper(t *testing.T) {
 	case "collectives":
 		helperCollectives(t, ctx, g, os.Getenv("RECAL_DIST_DIR"))
 	case "dead-peer":
-		helperDeadPeer(t, ctx, g)
+		helperDeadPeer(t, ctx, g, false)
+	case "dead-peer-grads":
+		helperDeadPeer(t, ctx, g, true)
 	case "zero":
 		helperZeRO(t, ctx, g, os.Getenv("RECAL_DIST_DIR"))
 	case "zero-resume":
@@ -395,7 +403,20 @@ func helperTwoPolicies(t *testing.T, ctx context.Context, g *torchbridge.Process
 	}
 }
 
-func helperDeadPeer(t *testing.T, ctx context.Context, g *torchbridge.ProcessGroup) {
+func helperDeadPeer(t *testing.T, ctx context.Context, g *torchbridge.ProcessGroup, grads bool) {
+	p := newTinyOn(t, "cpu", 64, true, 1)
+	if grads { // gradients in the buckets, then a backward the dead peer never sums
+		for i := 0; i < 2; i++ {
+			if _, _, err := p.BackwardNLL(ctx, [][]int32{{1, 2, 3, 4}}, [][]float32{{0, 1, 1, 1}}, 1, 0); err != nil {
+				t.Fatal(err)
+			}
+			if i == 0 {
+				if err := g.AllReduceGrads(ctx, p); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
 	if err := g.Barrier(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -403,19 +424,25 @@ func helperDeadPeer(t *testing.T, ctx context.Context, g *torchbridge.ProcessGro
 		syscall.Kill(os.Getpid(), syscall.SIGKILL) // die without closing anything
 		time.Sleep(time.Minute)
 	}
+	op, call := "allgather", func() error {
+		_, err := g.AllGather(ctx, []byte("anyone there?"))
+		return err
+	}
+	if grads {
+		op, call = "allreduce_grads", func() error { return g.AllReduceGrads(ctx, p) }
+	}
 	start := time.Now()
-	_, err := g.AllGather(ctx, []byte("anyone there?"))
+	err := call()
 	took := time.Since(start)
-	t.Logf("all-gather with a dead peer: %v after %v", err, took)
-	if err == nil || !strings.Contains(err.Error(), "allgather (rank 0 of 2)") {
-		t.Fatalf("all-gather with a dead peer: %v, want an error naming the all-gather and the rank", err)
+	t.Logf("%s with a dead peer: %v after %v", op, err, took)
+	if err == nil || !strings.Contains(err.Error(), op+" (rank 0 of 2)") {
+		t.Fatalf("%s with a dead peer: %v, want an error naming the %s and the rank", op, err, op)
 	}
 	if took > 5*time.Second+2*time.Second {
 		t.Fatalf("the error took %v, more than the group's 5 s timeout", took)
 	}
-	p := newTinyOn(t, "cpu", 64, true, 1)
 	err = g.AllReduceGrads(ctx, p)
-	if err == nil || !strings.Contains(err.Error(), "the group failed earlier: allgather") {
+	if err == nil || !strings.Contains(err.Error(), "the group failed earlier: "+op) {
 		t.Fatalf("all-reduce after the failure: %v, want the earlier failure", err)
 	}
 	start = time.Now()
