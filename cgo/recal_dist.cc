@@ -60,13 +60,14 @@ namespace {
 // keeps Gloo's default, 1 MiB, which it does not let a caller change: a
 // bucket holding the embedding's gradient (78 MB for the tiny preset, 545 MB
 // for Qwen2.5-0.5B) then takes a hundred or more steps, each a hand-over
-// between Gloo's worker and its socket thread. With 8 MiB the same ring
+// between Gloo's worker and its socket thread. With 4 MiB the same ring
 // moves the same bytes in fewer, larger steps: 2 ranks on loopback, the
-// tiny preset's two buckets, 20–25 % less time on the 2-core VM, no change
-// for 25 MiB buckets (steps of 16 MiB or more were slower: too few to keep
-// the ring's sends and reductions overlapped). The scratch Gloo allocates
-// per all-reduce grows from 2 MiB to 16 MiB.
-constexpr size_t kSegmentBytes = 8 << 20;
+// tiny and small presets' buckets (Gloo alone, two buckets at a time on
+// two threads as c10d runs them), 15–20 % less time on the 2-core VM, and
+// no change for 25 MiB buckets; 8 MiB did as well, 16 MiB or more was
+// slower (too few steps left to overlap the ring's sends and reductions).
+// Gloo's scratch per all-reduce grows from 2 MiB to 8 MiB.
+constexpr size_t kSegmentBytes = 4 << 20;
 
 // Whether the weak Gloo references above resolved to the libgloo whose
 // headers this file was compiled with (Debian's, which its libtorch loads).

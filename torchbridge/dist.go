@@ -158,7 +158,7 @@ func (g *ProcessGroup) begin(ctx context.Context) error {
 // gradient_as_bucket_view: later backward passes add into them, and each
 // step zeroes them); every call all-reduces the buckets in place, all of
 // them started before any is waited for. On the CPU with Debian's libtorch,
-// Gloo's ring runs each bucket in pipeline steps of up to 8 MiB instead of
+// Gloo's ring runs each bucket in pipeline steps of up to 4 MiB instead of
 // c10d's 1 MiB (cgo/recal_dist.cc, SegmentedAllreduce): the same messages'
 // bytes in fewer hand-overs, faster for a bucket as large as the embedding.
 func (g *ProcessGroup) AllReduceGrads(ctx context.Context, p *Policy) error {

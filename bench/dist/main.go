@@ -14,7 +14,7 @@
 // Gloo's default 2 worker threads on both sides, each all-reduce preceded by
 // a barrier and timed on rank 0. Both run Gloo's ring all-reduce per bucket
 // on those worker threads, every bucket started before any is waited for;
-// recal's ring moves each bucket in pipeline steps of up to 8 MiB, c10d's
+// recal's ring moves each bucket in pipeline steps of up to 4 MiB, c10d's
 // (and so DDP's) in Gloo's default 1 MiB, which c10d does not expose (see
 // torchbridge.ProcessGroup.AllReduceGrads). The same bytes cross the same
 // sockets.
