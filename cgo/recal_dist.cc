@@ -59,8 +59,8 @@ namespace {
 // The most bytes Gloo's ring all-reduce moves per step of its pipeline. c10d
 // keeps Gloo's default, 1 MiB, which it does not let a caller change: a
 // bucket holding the embedding's gradient (78 MB for the tiny preset, 545 MB
-// for Qwen2.5-0.5B) then takes a hundred or more steps, each a hand-over
-// between Gloo's worker and its socket thread. With 4 MiB the same ring
+// for Qwen2.5-0.5B) then takes 76 to 520 steps with 2 ranks, each a
+// hand-over between Gloo's worker and its socket thread. With 4 MiB the same ring
 // moves the same bytes in fewer, larger steps: 2 ranks on loopback, the
 // tiny and small presets' buckets (Gloo alone, two buckets at a time on
 // two threads as c10d runs them), 15–20 % less time on the 2-core VM, and
