@@ -241,6 +241,10 @@ struct rc_policy {
         off += n;
       }
     };
+    // Made before any backward (rc_policy_prepare_update, or an all-reduce
+    // with no gradient yet), the buckets hold zeros only.
+    bool zero = !head_grad.defined();
+    for (size_t i = 0; i < params.size(); i++) zero = zero && !old[i].defined() && !params[i].grad().defined();
     sums_zero = false;
     bucketed_params = params.size();  // grad_is_view holds for the parameters filled so far
     size_t first = 0;
@@ -255,6 +259,7 @@ struct rc_policy {
         fill(buckets.size() - 1);
       }
     }
+    sums_zero = zero;
   }
 
   // Drops the buckets; the sums become tensors of their own again.

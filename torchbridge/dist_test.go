@@ -544,9 +544,9 @@ func TestProcessGroupOneProcess(t *testing.T) {
 }
 
 // Once the gradient sums live in buckets, the first backward after a step
-// adds the output head's gradient straight into the zeroed sums, and the
-// embedding's backward adds its rows in place, instead of adding dense
-// [vocab, hidden] gradients whole. A policy all-reduced in a group of one
+// (or after PrepareUpdate made them) adds the output head's gradient
+// straight into the zeroed sums, and the embedding's backward adds its rows
+// in place, instead of adding dense [vocab, hidden] gradients whole. A policy all-reduced in a group of one
 // must still follow, bit for bit, the same policy trained without a group
 // (whose sums are tensors of their own): float32 and bfloat16, tied and
 // untied, repeated tokens (their rows summed in order), two micro-batches
@@ -577,6 +577,11 @@ func TestBucketedGradientsMatchUnbucketed(t *testing.T) {
 						t.Fatal(err)
 					}
 					pols[i] = p
+				}
+				// The buckets made before the first backward (as recal train
+				// does): the first step's backward writes into them too.
+				if err := g.PrepareUpdate(ctx, pols[1]); err != nil {
+					t.Fatal(err)
 				}
 				state := func(p *torchbridge.Policy, prefix string) []float32 {
 					var all []float32
