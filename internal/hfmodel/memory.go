@@ -112,6 +112,11 @@ type MemoryOptions struct {
 // is updated slice by slice, so the step's temporaries stay small.
 const StepSlice = 1 << 22
 
+// AllreduceSegment is the most bytes of a bucket Gloo's ring moves per step
+// of its pipeline in the CPU gradient all-reduce (kSegmentBytes in
+// cgo/recal_dist.cc); Gloo keeps two steps' worth of scratch per bucket.
+const AllreduceSegment = 4 << 20
+
 // CPURuntime is MemoryOptions.Runtime for recal on the CPU: the resident
 // memory of a process that has started libtorch (Debian's 1.13) and the Go
 // runtime, before any policy. bench/memory measures it ("runtime" in its
@@ -379,13 +384,28 @@ func (c *Config) PlanMemory(o MemoryOptions) MemoryPlan {
 	// parameters, whole ones), the send
 	// buffer, every rank's share (the policy's dtype), and c10d's own
 	// flat buffer of every rank's share, which its allgather fills before
-	// copying out (ProcessGroupGloo's and ProcessGroupNCCL's alike).
+	// copying out (ProcessGroupGloo's and ProcessGroupNCCL's alike); with
+	// several ranks on the CPU, the gradient all-reduce's scratch: Gloo's
+	// ring keeps two of a bucket's pipeline steps (AllreduceSegment bytes
+	// at most, at most a 2·world-th of the bucket), for each of the
+	// buckets c10d's two worker threads reduce at once.
 	// These come one after the other, so the phase's peak holds the
 	// largest of them.
 	temp := MemoryPart{"optimizer temporaries", max(min(largest, StepSlice), 3*min(largestShare, StepSlice)) * 4}
 	bucketBytes := o.BucketBytes
 	if bucketBytes <= 0 {
 		bucketBytes = 25 << 20
+	}
+	if world > 1 && !o.CUDA {
+		bucket := min(P*4, bucketBytes+largest*4) // a bucket holds whole parameters
+		step := min(AllreduceSegment, (bucket+2*world-1)/(2*world))
+		inFlight := int64(2)
+		if P*4 <= bucketBytes { // one bucket
+			inFlight = 1
+		}
+		if scratch := inFlight * 2 * step; scratch > temp.Bytes {
+			temp = MemoryPart{"all-reduce scratch", scratch}
+		}
 	}
 	round := min(P, bucketBytes/es+largest) // a round of the all-gather holds whole parameters
 	if gather := (2*world + 1) * ((round + world - 1) / world) * es; sharded && gather > temp.Bytes {

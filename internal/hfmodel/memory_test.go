@@ -212,6 +212,29 @@ func TestPlanMemoryHostileSettings(t *testing.T) {
 				t.Errorf("head gradients %d, want dL/dh alone, %d", got, 200*2048*4)
 			}
 		}},
+		{"several ranks on the CPU: the all-reduce's scratch, when larger than the optimizer's", func(o *MemoryOptions) { o.World = 2 }, func(t *testing.T, p MemoryPlan) {
+			small, err := Preset("tiny", 512)
+			if err != nil {
+				t.Fatal(err)
+			}
+			o := base
+			o.World = 2
+			ps := small.PlanMemory(o)
+			// tiny with 512 ids: one bucket of all its gradients, and two
+			// pipeline steps of a quarter of it
+			want := 2 * ((small.NumParams()*4 + 3) / 4)
+			if got := ps.Step.Part("all-reduce scratch"); got != want {
+				t.Errorf("tiny: all-reduce scratch %d, want %d (%s)", got, want, ps.Step)
+			}
+			// Qwen2.5-3B: 4 MiB steps, below the optimizer's sliced temporaries
+			if got, opt := p.Step.Part("all-reduce scratch"), p.Step.Part("optimizer temporaries"); got != 0 || opt != 3*StepSlice*4 {
+				t.Errorf("3B: all-reduce scratch %d and optimizer temporaries %d, want 0 and %d (%s)", got, opt, 3*StepSlice*4, p.Step)
+			}
+			o.CUDA = true
+			if got := small.PlanMemory(o).Step.Part("all-reduce scratch"); got != 0 {
+				t.Errorf("tiny on a GPU: all-reduce scratch %d, want none (NCCL)", got)
+			}
+		}},
 		{"several ranks, two micro-batches: the second has a head weight's gradient of its own", func(o *MemoryOptions) { o.World = 2; o.MicroBatches = 2 }, func(t *testing.T, p MemoryPlan) {
 			if got := p.BackwardEnd.Part("head weight's gradient"); got != VH*4 {
 				t.Errorf("head weight's gradient %d, want V·H·4 = %d", got, int64(VH*4))
