@@ -167,10 +167,10 @@ type Pending struct {
 	spent      float64
 	cancelCall context.CancelFunc
 	// With router.answer_span: the text of every reply shown, and the
-	// tokens that occur in one of them (the candidates of an answer span).
-	replies   []string
-	spanToks  []int32
-	spanStale bool // a reply arrived since spanToks was made
+	// tokens that occur in one of them (the candidates of an answer span;
+	// nil until an answer needs them after the last reply).
+	replies  []string
+	spanToks []int32
 }
 
 // Done is closed when the response has ended (or failed).
@@ -560,8 +560,6 @@ func (e *Engine) extend(ctx context.Context, ps []*Pending, s generate.Sampling,
 				send = make([][]int32, len(ps))
 			}
 			send[k] = span[k]
-		} else if send != nil && closeLoops {
-			send[k] = nil
 		}
 	}
 	if send != nil {
@@ -669,22 +667,20 @@ func (e *Engine) spanBan(p *Pending) []int32 {
 	if bytes.IndexByte(written, '<') >= 0 {
 		return nil
 	}
-	if p.spanStale || p.spanToks == nil {
-		p.spanToks = p.spanToks[:0]
+	if p.spanToks == nil {
 		for id := range e.dec.(VocabDecoder).Vocab() {
-			b := e.tok.TokenBytes(id)
-			if len(b) == 0 {
+			b := string(e.tok.TokenBytes(id))
+			if b == "" {
 				continue
 			}
-			ok := strings.HasPrefix(AnswerClose, string(b)) || string(b) == " "
+			ok := strings.HasPrefix(AnswerClose, b) || b == " "
 			for _, r := range p.replies {
-				ok = ok || strings.Contains(r, string(b)) || strings.Contains(r, strings.TrimPrefix(string(b), " "))
+				ok = ok || strings.Contains(r, strings.TrimPrefix(b, " "))
 			}
 			if ok {
 				p.spanToks = append(p.spanToks, int32(id))
 			}
 		}
-		p.spanStale = false
 	}
 	word := strings.TrimPrefix(string(written), " ")
 	inReply := func(span string, whole bool) bool {
@@ -696,34 +692,37 @@ func (e *Engine) spanBan(p *Pending) []int32 {
 		return false
 	}
 	closes := word != "" && inReply(word, true)
-	allowed := make(map[int32]bool, len(p.spanToks))
+	allowed := map[int32]bool{}
 	for _, id := range p.spanToks {
 		b := string(e.tok.TokenBytes(int(id)))
+		var ok bool
 		switch {
 		case strings.HasPrefix(AnswerClose, b):
-			allowed[id] = closes
+			ok = closes
 		case len(written) == 0 && b == " ":
-			allowed[id] = true
+			ok = true
 		default:
 			cand := word + b
 			if word == "" && len(written) == 0 {
 				cand = strings.TrimPrefix(b, " ")
 			}
-			allowed[id] = cand != "" && inReply(cand, false)
+			ok = cand != "" && inReply(cand, false)
 		}
-	}
-	for id, ok := range allowed {
-		if !ok {
-			delete(allowed, id)
+		if ok {
+			allowed[id] = true
 		}
 	}
 	if len(allowed) == 0 { // replies of no text: nothing to copy
 		return nil
 	}
-	vocab := e.dec.(VocabDecoder).Vocab()
-	ban := make([]int32, 0, vocab-len(allowed))
-	for id := range vocab {
-		if !allowed[int32(id)] {
+	return e.banAllBut(func(id int) bool { return allowed[int32(id)] })
+}
+
+// banAllBut is every id of the decoder's vocabulary that keep rejects.
+func (e *Engine) banAllBut(keep func(id int) bool) []int32 {
+	var ban []int32
+	for id := range e.dec.(VocabDecoder).Vocab() {
+		if !keep(id) {
 			ban = append(ban, int32(id))
 		}
 	}
@@ -752,20 +751,15 @@ func (e *Engine) nameBan(p *Pending) []int32 {
 	if len(targets) == 0 {
 		return nil
 	}
-	vocab := e.dec.(VocabDecoder).Vocab()
-	var ban []int32
-	for id := range vocab {
+	return e.banAllBut(func(id int) bool {
 		b := string(e.tok.TokenBytes(id))
 		cand := strings.TrimPrefix(written+b, " ")
 		ok := len(b) > 0 && (cand == "" && written == "")
 		for _, t := range targets {
 			ok = ok || (cand != "" && (strings.HasPrefix(t, cand) || strings.HasPrefix(cand, t)))
 		}
-		if !ok {
-			ban = append(ban, int32(id))
-		}
-	}
-	return ban
+		return ok
+	})
 }
 
 // wordSpan reports whether span occurs in text starting at a word's start
@@ -866,7 +860,7 @@ func (e *Engine) fold(rp reply) {
 	p.spent += rp.call.Cost
 	if e.cfg.AnswerSpan {
 		p.replies = append(p.replies, rp.call.Reply)
-		p.spanStale = true
+		p.spanToks = nil // made again, with this reply, when an answer needs them
 	}
 	o.Calls = append(o.Calls, rp.call)
 	o.Tokens = append(o.Tokens, rp.block...)

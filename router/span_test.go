@@ -161,7 +161,7 @@ func TestSearchNames(t *testing.T) {
 
 func TestWordSpan(t *testing.T) {
 	for _, c := range []struct {
-		text, span string
+		text, span  string
 		whole, want bool
 	}{
 		{"The answer is Mercedes-Benz.", "Mer", false, true},
