@@ -388,16 +388,19 @@ int rc_policy_step(rc_policy* p, const rc_adamw_opts* o, double* grad_norm, char
     // bits. Smaller parameters (every parameter of the tiny presets) are
     // one slice, as before.
     constexpr int64_t kStepSlice = (int64_t)1 << 22;
+    // fn(cut) for each slice of n elements, cut(t) being that slice of a
+    // tensor of n elements (t itself when one slice holds them all).
     auto slices = [&](int64_t n, auto fn) {
-      if (n <= kStepSlice) return fn(0, n, true);
-      for (int64_t off = 0; off < n; off += kStepSlice) fn(off, std::min(kStepSlice, n - off), false);
+      if (n <= kStepSlice) return fn([](const Tensor& t) { return t; });
+      for (int64_t off = 0; off < n; off += kStepSlice)
+        fn([off, len = std::min(kStepSlice, n - off)](const Tensor& t) {
+          if (!t.is_contiguous()) fail("step: a non-contiguous tensor cannot be updated in slices");
+          return t.view({-1}).narrow(0, off, len);
+        });
     };
     auto total = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(p->device));
     for (auto& g : grads)
-      if (g.defined())
-        slices(g.numel(), [&](int64_t off, int64_t n, bool whole) {
-          total = total + (whole ? g : g.reshape({-1}).narrow(0, off, n)).pow(2).sum();
-        });
+      if (g.defined()) slices(g.numel(), [&](auto cut) { total = total + cut(g).pow(2).sum(); });
     double norm = std::sqrt(total.item<double>());
     *grad_norm = norm;
     if (!std::isfinite(norm)) {  // skip the update; keep the state clean
@@ -423,12 +426,7 @@ int rc_policy_step(rc_policy* p, const rc_adamw_opts* o, double* grad_norm, char
       auto w = p->master.empty() ? param : p->master[i];
       bool value = (int)i == p->value_w || (int)i == p->value_b;
       double lr = value && o->value_lr > 0 ? o->value_lr : o->lr;
-      slices(g.numel(), [&](int64_t off, int64_t n, bool whole) {
-        auto cut = [&](const Tensor& t) {
-          if (whole) return t;
-          if (!t.is_contiguous()) fail("step: a non-contiguous tensor cannot be updated in slices");
-          return t.view({-1}).narrow(0, off, n);
-        };
+      slices(g.numel(), [&](auto cut) {
         Tensor gs = cut(g), ws = cut(w), m = cut(p->exp_avg[i]), v = cut(p->exp_avg_sq[i]);
         if (coef != 1.0) gs = gs * coef;
         ws.mul_(1.0 - lr * o->weight_decay);
