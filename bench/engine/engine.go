@@ -10,6 +10,7 @@ import (
 	"context"
 	"math"
 	"math/rand"
+	"strconv"
 
 	"github.com/recal-project/recal/internal/hfmodel"
 	"github.com/recal-project/recal/torchbridge"
@@ -31,6 +32,9 @@ type Rates struct {
 	DecodeB1  float64 `json:"decode_b1_tok_s"`  // generated tokens, batch 1
 	DecodeB64 float64 `json:"decode_b64_tok_s"` // generated tokens, batch 64
 	Train     float64 `json:"train_tok_s"`      // TrainBatch×TrainLen tokens per step
+	// Decode holds every decode batch measured (Options.Batches), by batch
+	// size as a decimal string; DecodeB1 and DecodeB64 repeat 1 and 64.
+	Decode map[string]float64 `json:"decode_tok_s,omitempty"`
 }
 
 // A Timer runs op repeatedly and returns tokensPerOp × runs / seconds. setup,
@@ -44,6 +48,10 @@ type Options struct {
 	// HeadChunk is the tokens per output-head chunk in the train step
 	// (0: the engine's default).
 	HeadChunk int
+	// Batches are the decode batch sizes (nil: 1 and 64).
+	Batches []int
+	// NoTrain skips the train step (Rates.Train stays 0).
+	NoTrain bool
 }
 
 // NewRandomPolicy makes the policy the workload runs on: cfg with opts,
@@ -60,8 +68,8 @@ func NewRandomPolicy(cfg *hfmodel.Config, opts torchbridge.Options) (*torchbridg
 	return p, nil
 }
 
-// Measure times the workload on p with timer: prefill, decode at batch 1 and
-// 64, then the train step (which updates p's weights). Tokens are drawn from
+// Measure times the workload on p with timer: prefill, decode at each of
+// o.Batches (1 and 64 by default), then the train step (which updates p's weights). Tokens are drawn from
 // p's vocabulary with seed 1, so every run feeds the same tokens.
 func Measure(ctx context.Context, p *torchbridge.Policy, timer Timer, o Options) (Rates, error) {
 	vocab := p.Config().VocabSize
@@ -124,11 +132,26 @@ func Measure(ctx context.Context, p *torchbridge.Policy, timer Timer, o Options)
 			return nil
 		})
 	}
-	if res.DecodeB1, err = decode(1); err != nil {
-		return Rates{}, err
+	batches := o.Batches
+	if len(batches) == 0 {
+		batches = []int{1, 64}
 	}
-	if res.DecodeB64, err = decode(64); err != nil {
-		return Rates{}, err
+	res.Decode = map[string]float64{}
+	for _, b := range batches {
+		v, err := decode(b)
+		if err != nil {
+			return Rates{}, err
+		}
+		res.Decode[strconv.Itoa(b)] = v
+		switch b {
+		case 1:
+			res.DecodeB1 = v
+		case 64:
+			res.DecodeB64 = v
+		}
+	}
+	if o.NoTrain {
+		return res, nil
 	}
 
 	// Train step: the clipped policy-gradient loss on TrainBatch sequences

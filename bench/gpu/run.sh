@@ -11,8 +11,9 @@
 #           falls back to Gloo alone, then to no process group
 #   test    go test ./torchbridge/ with RECAL_TEST_DEVICE=cuda
 #   speed   bench/gpu/speed (prefill, decode, train step tokens/s) for the
-#           tiny and small presets and Qwen2.5-0.5B's shape: cuda in float32
-#           and bfloat16, cpu in float32
+#           tiny and small presets and Qwen2.5-0.5B's and 3B's shapes: cuda
+#           in float32 and bfloat16 (see the stage for its variables)
+#   headers libtorch's and CUDA's headers packed into $OUT (compile checks)
 #   train   recal policy init (make's $(INIT)), then recal train of recal.toml
 #           with SFT_STEPS and GRPO_STEPS, on cuda and on cpu (CPU_THREADS)
 #   eval    recal eval of the cuda run's checkpoint (EVAL_N questions per
@@ -134,10 +135,32 @@ if has test; then
 fi
 
 if has speed; then
+  # SPEED_MODELS, SPEED_BATCHES, SPEED_NO_TRAIN (models whose train step is
+  # skipped), SPEED_DTYPES, SPEED_MIN_TIME; SPEED_CPU=1 adds cpu in float32.
+  # With .gpu/speed-before (an earlier build's bench/gpu/speed, e.g. this
+  # stage's $OUT/speed.xz of another commit, unpacked) each cuda measure runs
+  # on it first, then on this build, back to back on the same card.
   go build -o bin/speed ./bench/gpu/speed || exit 1
-  run speed-cuda-f32 200 ./bin/speed -device cuda -dtype float32 -models "${SPEED_MODELS:-tiny,small,0.5b}" && cat "$LOGS/speed-cuda-f32.log"
-  run speed-cuda-bf16 200 ./bin/speed -device cuda -dtype bfloat16 -models "${SPEED_MODELS:-tiny,small,0.5b}" && cat "$LOGS/speed-cuda-bf16.log"
-  run speed-cpu-f32 240 ./bin/speed -device cpu -dtype float32 -threads "$CPU_THREADS" -models "${SPEED_MODELS:-tiny,small,0.5b}" && cat "$LOGS/speed-cpu-f32.log"
+  xz -T0 -c bin/speed >"$OUT/speed.xz"
+  sflags=(-models "${SPEED_MODELS:-tiny,small,0.5b,3b}" -batches "${SPEED_BATCHES:-1,16,64,256}"
+    -no-train "${SPEED_NO_TRAIN:-3b}" -min-time "${SPEED_MIN_TIME:-1s}")
+  for dt in ${SPEED_DTYPES:-float32 bfloat16}; do
+    if [ -x .gpu/speed-before ]; then
+      run speed-before-cuda-$dt 240 .gpu/speed-before -device cuda -dtype $dt "${sflags[@]}" && cat "$LOGS/speed-before-cuda-$dt.log"
+    fi
+    run speed-cuda-$dt 240 ./bin/speed -device cuda -dtype $dt "${sflags[@]}" && cat "$LOGS/speed-cuda-$dt.log"
+  done
+  if [ "${SPEED_CPU:-0}" = 1 ]; then
+    run speed-cpu-f32 240 ./bin/speed -device cpu -dtype float32 -threads "$CPU_THREADS" "${sflags[@]}" && cat "$LOGS/speed-cpu-f32.log"
+  fi
+fi
+
+# headers: libtorch's and CUDA's headers of this machine's pip torch, packed
+# into $OUT/headers.tar.xz.* (15 MB pieces), for compile checks of the CUDA
+# code on a machine without a CUDA libtorch (-fsyntax-only).
+if has headers; then
+  (cd "$SITE" && tar -cf - torch/include nvidia/*/include torch/version.py 2>/dev/null) | xz -T0 -6 | split -b 15M - "$OUT/headers.tar.xz."
+  say "headers: $(du -ch "$OUT"/headers.tar.xz.* | tail -1)"
 fi
 
 INITFLAGS="--tokenizer tokenizer/qwen2.5 --seed 0 --trim-corpus data/qa --trim-corpus router --trim-corpus recal.toml --trim-vocab 4000 --copy-circuit"

@@ -1,11 +1,17 @@
 // Command speed measures the policy engine on one device (cpu, cuda) and
-// dtype for several model sizes: prefill, decode at batch 1 and 64, and the
-// train step (clipped loss, backward, AdamW), in tokens per second. It is
-// bench/main.go's workload with a device flag and a larger shape than the
-// presets; run it once per device and compare (bench/gpu/run.sh's speed
-// stage does):
+// dtype for several model sizes: prefill, decode at each batch of -batches,
+// and the train step (clipped loss, backward, AdamW), in tokens per second.
+// It is bench/main.go's workload with a device flag and larger shapes than
+// the presets: Qwen2.5-0.5B's and Qwen2.5-3B's bodies with their full
+// vocabulary (151,936). Run it once per device and compare (bench/gpu/run.sh's
+// speed stage does):
 //
-//	go run ./bench/gpu/speed -device cuda -dtype float32 -models tiny,small,0.5b
+//	go run ./bench/gpu/speed -device cuda -dtype bfloat16 -models tiny,small,0.5b,3b -batches 1,16,64,256
+//
+// Each decode rate is printed next to its memory-bandwidth bound
+// (bound_tok_s): a decode step reads every weight once and each row's keys
+// and values once, so batch B cannot go faster than B × bandwidth / (weight
+// bytes + B × KV bytes at the mean context of the workload's steps).
 //
 // Each measure runs once to warm up (CUDA kernels load lazily), then repeats
 // until -min-time has passed (at least twice). Every bridge call returns its
@@ -18,6 +24,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -26,27 +33,32 @@ import (
 	"github.com/recal-project/recal/torchbridge"
 )
 
-// shapes: the presets, and Qwen2.5-0.5B's body (the vocabulary is -vocab).
-var shapes = map[string]hfmodel.Config{
-	"tiny":  hfmodel.Presets["tiny"],
-	"small": hfmodel.Presets["small"],
-	"0.5b":  {HiddenSize: 896, IntermediateSize: 4864, NumHiddenLayers: 24, NumAttentionHeads: 14, NumKeyValueHeads: 2},
-}
+// shapes: the presets (vocabulary -vocab), Qwen2.5-0.5B's and Qwen2.5-3B's
+// bodies (vocabulary -full-vocab).
+var shapes = map[string]string{"tiny": "tiny", "small": "small", "0.5b": "qwen2.5-0.5b", "3b": "qwen2.5-3b"}
 
 type result struct {
 	Device string `json:"device"`
 	DType  string `json:"dtype"`
 	Model  string `json:"model"`
-	Params int64  `json:"params"`
+	Vocab  int64  `json:"vocab"`
+	Params int64  `json:"params"` // elements, the output head counted once when tied
 	engine.Rates
+	// Bound is each decode batch's memory-bandwidth bound in tokens/s
+	// (-bandwidth; see the package comment), by batch as in Rates.Decode.
+	Bound map[string]float64 `json:"bound_tok_s,omitempty"`
 }
 
 func main() {
 	torchbridge.UsePassiveOpenMP()
 	device := flag.String("device", "cpu", "cpu, cuda or cuda:N")
 	dtype := flag.String("dtype", "float32", "float32 or bfloat16")
-	models := flag.String("models", "tiny,small,0.5b", "comma-separated: tiny, small, 0.5b")
-	vocab := flag.Int64("vocab", 4000, "vocabulary size (recal's default trims Qwen2.5's to about 4,000)")
+	models := flag.String("models", "tiny,small,0.5b", "comma-separated: tiny, small, 0.5b, 3b")
+	vocab := flag.Int64("vocab", 4000, "vocabulary size of tiny and small (recal's default trims Qwen2.5's to about 4,000)")
+	fullVocab := flag.Int64("full-vocab", 151936, "vocabulary size of 0.5b and 3b (Qwen2.5's)")
+	batchList := flag.String("batches", "1,64", "comma-separated decode batch sizes")
+	noTrain := flag.String("no-train", "", "comma-separated models whose train step is skipped")
+	bandwidth := flag.Float64("bandwidth", 3.35e12, "device memory bandwidth in bytes/s for bound_tok_s (H100 SXM: 3.35e12)")
 	threads := flag.Int("threads", 0, "CPU threads for libtorch (0 = all cores)")
 	minTime := flag.Duration("min-time", time.Second, "time each measure repeats for, at least")
 	flag.Parse()
@@ -55,11 +67,29 @@ func main() {
 			fail(err)
 		}
 	}
+	var batches []int
+	for _, f := range strings.Split(*batchList, ",") {
+		b, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || b < 1 {
+			fail(fmt.Errorf("-batches: %q is not a positive batch size", f))
+		}
+		batches = append(batches, b)
+	}
+	skip := map[string]bool{}
+	for _, m := range strings.Split(*noTrain, ",") {
+		skip[strings.TrimSpace(m)] = true
+	}
 	for _, m := range strings.Split(*models, ",") {
-		r, err := measure(m, *device, *dtype, *vocab, *minTime)
+		v := *vocab
+		if m == "0.5b" || m == "3b" {
+			v = *fullVocab
+		}
+		o := engine.Options{Batches: batches, NoTrain: skip[m]}
+		r, err := measure(m, *device, *dtype, v, *minTime, o)
 		if err != nil {
 			fail(fmt.Errorf("%s: %w", m, err))
 		}
+		r.Bound = bounds(r.Vocab, m, *dtype, batches, *bandwidth)
 		b, _ := json.Marshal(r)
 		fmt.Println(string(b))
 	}
@@ -98,14 +128,16 @@ func rate(minTime time.Duration) engine.Timer {
 	}
 }
 
-func measure(model, device, dtype string, vocab int64, minTime time.Duration) (result, error) {
-	shape, ok := shapes[model]
+func config(model string, vocab int64) (*hfmodel.Config, error) {
+	preset, ok := shapes[model]
 	if !ok {
-		return result{}, fmt.Errorf("unknown model %q", model)
+		return nil, fmt.Errorf("unknown model %q (known: tiny, small, 0.5b, 3b)", model)
 	}
-	hfmodel.Presets["speed"] = shape
-	cfg, err := hfmodel.Preset("speed", vocab)
-	delete(hfmodel.Presets, "speed")
+	return hfmodel.Preset(preset, vocab)
+}
+
+func measure(model, device, dtype string, vocab int64, minTime time.Duration, o engine.Options) (result, error) {
+	cfg, err := config(model, vocab)
 	if err != nil {
 		return result{}, err
 	}
@@ -114,9 +146,31 @@ func measure(model, device, dtype string, vocab int64, minTime time.Duration) (r
 		return result{}, err
 	}
 	defer p.Close()
-	rates, err := engine.Measure(context.Background(), p, rate(minTime), engine.Options{})
+	rates, err := engine.Measure(context.Background(), p, rate(minTime), o)
 	if err != nil {
 		return result{}, err
 	}
-	return result{Device: device, DType: dtype, Model: model, Params: p.NumParams(), Rates: rates}, nil
+	return result{Device: device, DType: dtype, Model: model, Vocab: vocab, Params: cfg.NumParams(), Rates: rates}, nil
+}
+
+// bounds are the decode batches' memory-bandwidth bounds in tokens/s: per
+// step every weight is read once and each row's keys and values once, at
+// the workload's mean context (its prompt and half its steps).
+func bounds(vocab int64, model, dtype string, batches []int, bandwidth float64) map[string]float64 {
+	cfg, err := config(model, vocab)
+	if err != nil {
+		return nil
+	}
+	size := 4.0
+	if dtype == "bfloat16" {
+		size = 2
+	}
+	weights := float64(cfg.NumParams()) * size
+	ctx := float64(engine.DecodePrompt) + float64(engine.DecodeSteps)/2
+	kvPerRow := float64(cfg.NumHiddenLayers) * 2 * float64(cfg.NumKeyValueHeads*cfg.HeadDimension()) * ctx * size
+	out := map[string]float64{}
+	for _, b := range batches {
+		out[strconv.Itoa(b)] = float64(b) * bandwidth / (weights + float64(b)*kvPerRow)
+	}
+	return out
 }
