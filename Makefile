@@ -67,6 +67,17 @@ CXX_STD ?= c++17
 # -ffp-contract=off: a*b+c stays two roundings unless the code asks for a
 # fused multiply-add (recal_rows.cc's arithmetic is fixed by its source).
 CXXFLAGS_BRIDGE := -std=$(CXX_STD) -O2 -fPIC -ffp-contract=off -Wall -Wno-unused-variable -D_GLIBCXX_USE_CXX11_ABI=$(TORCH_CXX11_ABI) $(TORCH_INC)
+# CUDA builds: the model's file gets RECAL_CUDA (CUDA-graph decoding, the
+# allocator's counters) when libtorch has CUDA and CUDA's headers are found
+# (the toolkit's include/ on the default path or in CUDA_INC, as for NCCL).
+CUDA_DEFS :=
+ifneq ($(strip $(LIBTORCH)),)
+ifneq ($(wildcard $(LIBTORCH)/lib/libtorch_cuda.so),)
+ifeq ($(shell printf '\043include <ATen/cuda/CUDAGraph.h>\n' | $(CXX) -std=$(CXX_STD) $(TORCH_INC) $(CUDA_INC) -x c++ -E - >/dev/null 2>&1 && echo ok),ok)
+CUDA_DEFS := -DRECAL_CUDA $(CUDA_INC)
+endif
+endif
+endif
 LIB := build/librecal.a
 # The offline default's starting point: a tiny random policy.
 INIT := runs/init/tiny/model.safetensors
@@ -99,6 +110,10 @@ $(LIB): $(BRIDGE_OBJS)
 build/%.o: cgo/%.cc cgo/recal.h cgo/recal_internal.h
 	@mkdir -p build
 	$(CXX) $(CXXFLAGS_BRIDGE) -c $< -o $@
+
+build/recal_model.o: cgo/recal_model.cc cgo/recal.h cgo/recal_internal.h
+	@mkdir -p build
+	$(CXX) $(CXXFLAGS_BRIDGE) $(CUDA_DEFS) -c $< -o $@
 
 build/recal_dist.o: cgo/recal_dist.cc cgo/recal.h cgo/recal_internal.h
 	@mkdir -p build

@@ -237,7 +237,7 @@ func evalVariant(ctx context.Context, vc config.Config, dir, split string, qs []
 	if err != nil {
 		return eval.Row{}, nil, fmt.Errorf("ablate: %w", err)
 	}
-	eng, err := rollout.OpenEngine(ck, torchbridge.Options{Device: vc.Policy.Device, DType: vc.Policy.DType})
+	eng, err := rollout.OpenEngine(ck, torchbridge.Options{Device: vc.Policy.Device, DType: vc.Policy.DType, EagerDecode: vc.Policy.EagerDecode})
 	if err != nil {
 		return eval.Row{}, nil, fmt.Errorf("ablate: checkpoint %s: %w", ck, err)
 	}

@@ -88,6 +88,26 @@ int rc_policy_shard_optimizer(rc_policy* p, int64_t rank, int64_t world, char** 
  * forward pass of compute. The gradients are the plain backward's. */
 int rc_policy_set_checkpointing(rc_policy* p, int32_t on, char** err);
 
+/* Turns CUDA-graph decoding on (1, the default) or off (0). On a CUDA
+ * policy in a CUDA build, a one-token step of every row given (a decode
+ * step) replays a CUDA graph of the whole step (all layers, the output head
+ * and the greedy choice) captured per padded batch size and attended
+ * length, instead of launching each kernel from the host; elsewhere, and
+ * with graphs off, libtorch's kernels run one by one (eager). A no-op on the
+ * CPU. */
+int rc_policy_set_cuda_graphs(rc_policy* p, int32_t on, char** err);
+
+/* Counts of the policy's CUDA-graph decoding since it was created: graphs
+ * captured, steps replayed. *graph_error is NULL, or (malloc'd, the caller
+ * frees it) why a capture failed, after which the policy decodes eagerly. */
+int rc_policy_graph_stats(rc_policy* p, int64_t* captures, int64_t* replays, char** graph_error, char** err);
+
+/* The CUDA caching allocator's counters for device ("cuda", "cuda:N"), in
+ * bytes: out[0] allocated now, out[1] peak allocated, out[2] reserved now,
+ * out[3] peak reserved, the peaks since the last reset; reset_peak != 0
+ * resets the peaks after reading. Fails in builds without CUDA. */
+int rc_device_memory(const char* device, int32_t reset_peak, int64_t* out, char** err);
+
 /* *out = 1 when the policy decodes by the row-invariant kernels
  * (recal_rows.cc: float32 on the CPU), so that a row's logits, sample and
  * log-prob do not depend on the other rows of an extend call, the BLAS or

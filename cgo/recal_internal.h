@@ -11,6 +11,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -81,6 +82,11 @@ struct rc_policy {
   // Activation checkpointing per decoder layer in the forward passes that
   // backpropagate (rc_policy_set_checkpointing).
   bool checkpoint_layers = false;
+  // CUDA-graph decoding (rc_policy_set_cuda_graphs; recal_model.cc): on
+  // unless turned off or a capture failed (graph_error says why).
+  bool cuda_graphs = true;
+  int64_t graph_captures = 0, graph_replays = 0;
+  std::string graph_error;
 
   // Gradient sums in float32, one per parameter (undefined: none yet), for
   // every dtype. Autograd leaves each backward call's gradients in .grad (in
@@ -341,15 +347,29 @@ struct rc_policy {
   }
 };
 
+namespace recal {
+// A KV cache's captured CUDA-graph decode steps (recal_model.cc).
+struct DecodeGraphs;
+void free_graphs(DecodeGraphs* g);
+struct GraphsDeleter {
+  void operator()(DecodeGraphs* g) const { free_graphs(g); }
+};
+}  // namespace recal
+
 // A KV cache of a policy: rows of up to capacity positions.
 struct rc_cache {
   rc_policy* p = nullptr;
   int64_t rows = 0, capacity = 0;
-  // Per layer [rows, kv_heads, capacity, head_dim]: a head's keys of a row are
-  // one matrix, so the rows of a step feed attention's batched matrix
-  // products as a view (or one gather), not a copy per step.
+  // Per layer [rows, kv_heads, columns, head_dim] with columns = capacity on
+  // the CPU; on a GPU a multiple of 64 above capacity, the last column a
+  // scratch slot that padded rows of a CUDA-graph step write to. A head's
+  // keys of a row are one matrix, so the rows of a step feed attention's
+  // batched matrix products as a view (or one gather), not a copy per step.
   std::vector<torch::Tensor> k, v;
   std::vector<int64_t> len;  // valid tokens per row
+  // Graph decode steps captured on this cache's tensors (CUDA only; freed
+  // before the tensors they read).
+  std::unique_ptr<recal::DecodeGraphs, recal::GraphsDeleter> graphs;
 };
 
 namespace recal {

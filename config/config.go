@@ -320,6 +320,10 @@ type Policy struct {
 	// time (and each layer's input) for about one more forward pass of
 	// compute. The gradients are the plain backward's, bit for bit.
 	GradientCheckpointing bool `toml:"gradient_checkpointing"`
+	// EagerDecode launches every kernel of a GPU decode step from the host
+	// instead of replaying the step as a CUDA graph (docs/results/gpu.md): for
+	// comparison or debugging. No effect on the CPU.
+	EagerDecode bool `toml:"eager_decode"`
 	// DeviceMemory is the memory of the device each rank's policy runs on,
 	// in GiB, against which the dry runs (train, eval and serve --dry-run)
 	// check their memory plan (docs/memory.md): a GPU's memory, e.g. 80

@@ -124,7 +124,7 @@ func ToInt32(ids []int) []int32 {
 // routing environment (NewEnv, whose pool draws wrong answers from bank).
 // close closes the environment's pool and the policy.
 func Open(cfg config.Config, ck string, bank map[string][]string, log *slog.Logger) (env *Env, close func(), err error) {
-	eng, err := OpenEngine(ck, torchbridge.Options{Device: cfg.Policy.Device, DType: cfg.Policy.DType})
+	eng, err := OpenEngine(ck, torchbridge.Options{Device: cfg.Policy.Device, DType: cfg.Policy.DType, EagerDecode: cfg.Policy.EagerDecode})
 	if err != nil {
 		return nil, nil, fmt.Errorf("checkpoint %s is not a policy: %w", ck, err)
 	}

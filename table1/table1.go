@@ -291,7 +291,7 @@ type rowSetup struct {
 
 // openSetup opens checkpoint ck and a pool for evaluating qs.
 func openSetup(cfg config.Config, ck string, qs []data.Example, o Options) (*rowSetup, error) {
-	eng, err := rollout.OpenEngine(ck, torchbridge.Options{Device: cfg.Policy.Device, DType: cfg.Policy.DType})
+	eng, err := rollout.OpenEngine(ck, torchbridge.Options{Device: cfg.Policy.Device, DType: cfg.Policy.DType, EagerDecode: cfg.Policy.EagerDecode})
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint %s is not a policy: %w", ck, err)
 	}

@@ -322,3 +322,203 @@ func TestDeviceNCCLOneRank(t *testing.T) {
 		}
 	}
 }
+
+// CUDA-graph decoding against eager decoding (libtorch's kernels launched
+// one by one) on the same weights, and both against the training forward
+// pass (Score) that recomputes the rollout's log-probs for the loss: greedy
+// and sampled steps with bans, every row of the cache (the graph attends
+// the cache in place) and a subset in another order (gathered, padded to a
+// power of two), 80 steps that cross the 64- and 128-column buckets. Runs
+// only when RECAL_TEST_DEVICE names a GPU.
+func TestDeviceGraphDecode(t *testing.T) {
+	if !strings.HasPrefix(testDevice, "cuda") {
+		t.Skip("RECAL_TEST_DEVICE names no GPU (or there is none)")
+	}
+	ctx := context.Background()
+	// float32: the graph runs the eager step's kernels, so tokens agree and
+	// log-probs within 1e-5; the training forward sums attention in
+	// another order (a causal kernel): within TestCacheMatchesFullForward's
+	// 1e-4. bfloat16 rounds each product to 8 bits of mantissa: log-probs
+	// within TestDeviceMatchesCPU's 0.15 before the first differing token.
+	tols := map[string]struct{ eager, score float64 }{"float32": {1e-5, 1e-4}, "bfloat16": {0.15, 0.15}}
+	const steps = 80
+	for _, dtype := range []string{"float32", "bfloat16"} {
+		t.Run(dtype, func(t *testing.T) {
+			tol := tols[dtype]
+			p, err := torchbridge.NewPolicy(deviceConfig(), torchbridge.Options{Device: testDevice, DType: dtype})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			if err := p.InitRandom(7, 0.05); err != nil {
+				t.Fatal(err)
+			}
+			r := rand.New(rand.NewSource(5))
+			prompts := make([][]int32, 6)
+			for i := range prompts {
+				prompts[i] = randomSeq(r, 20+9*i, 1024)
+			}
+			type out struct {
+				toks [][]int32
+				logp [][]float32
+			}
+			run := func(graphs bool, rows []int, sample bool) out {
+				t.Helper()
+				if err := p.SetCUDAGraphs(graphs); err != nil {
+					t.Fatal(err)
+				}
+				c, err := p.NewCache(6, 200)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				st := torchbridge.Step{Rows: rows, WantLogp: true, Seed: 11}
+				if sample {
+					st.Sampling = torchbridge.Sampling{Temperature: 1, TopP: 0.9}
+				}
+				for _, row := range rows {
+					st.Tokens = append(st.Tokens, prompts[row]) // the prefill: eager (several tokens a row)
+				}
+				o := out{toks: make([][]int32, len(rows)), logp: make([][]float32, len(rows))}
+				for k := 0; k < steps; k++ {
+					if sample {
+						st.Ban = make([][]int32, len(rows))
+						for j := range rows {
+							st.Ban[j] = []int32{int32((k*7 + j) % 1024), int32((k*13 + 5*j) % 1024)}
+						}
+					}
+					res, err := c.Extend(ctx, st)
+					if err != nil {
+						t.Fatal(err)
+					}
+					for j := range rows {
+						o.toks[j] = append(o.toks[j], res.Next[j])
+						o.logp[j] = append(o.logp[j], res.Logp[j])
+						st.Tokens[j] = []int32{res.Next[j]}
+					}
+				}
+				return o
+			}
+			for _, tc := range []struct {
+				name   string
+				rows   []int
+				sample bool
+			}{
+				{"all rows, greedy", []int{0, 1, 2, 3, 4, 5}, false},
+				{"subset, greedy", []int{5, 1, 3}, false},
+				{"subset, sampled with bans", []int{4, 0, 2, 3, 5}, true},
+			} {
+				before, err := p.GraphStats()
+				if err != nil {
+					t.Fatal(err)
+				}
+				eager := run(false, tc.rows, tc.sample)
+				graph := run(true, tc.rows, tc.sample)
+				after, err := p.GraphStats()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if after.Error != "" {
+					t.Fatalf("%s: %s", tc.name, after.Error)
+				}
+				// The first step extends by the prompts (eager); the other
+				// steps-1 extend by one token each: graph replays.
+				if got := after.Replays - before.Replays; got != steps-1 {
+					t.Errorf("%s: %d graph replays, want %d", tc.name, got, steps-1)
+				}
+				if after.Captures == before.Captures {
+					t.Errorf("%s: no graph was captured (a new cache captures its own)", tc.name)
+				}
+				same, total, worst := 0, 0, 0.0
+				for j := range tc.rows {
+					for k := range eager.toks[j] {
+						if eager.toks[j][k] != graph.toks[j][k] {
+							break
+						}
+						same++
+						worst = math.Max(worst, math.Abs(float64(eager.logp[j][k]-graph.logp[j][k])))
+					}
+					total += len(eager.toks[j])
+				}
+				t.Logf("%s: %d of %d tokens agree before a row's first difference; log-probs within %.3g; graphs captured %d, replayed %d",
+					tc.name, same, total, worst, after.Captures, after.Replays)
+				if dtype == "float32" && same != total {
+					t.Errorf("%s: graph decoding chose other tokens than eager decoding: graph %v, eager %v", tc.name, graph.toks, eager.toks)
+				}
+				if worst > tol.eager {
+					t.Errorf("%s: log-probs differ from eager decoding by %.3g, tolerance %g", tc.name, worst, tol.eager)
+				}
+				// The training forward over prompt+generation gives the
+				// generated tokens' log-probs the loss uses.
+				seqs := make([][]int32, len(tc.rows))
+				for j, row := range tc.rows {
+					seqs[j] = append(append([]int32{}, prompts[row]...), graph.toks[j]...)
+				}
+				lp, _, err := p.Score(ctx, seqs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var dmax float64
+				for j, row := range tc.rows {
+					n := len(prompts[row])
+					for k := 0; k+1 < len(graph.toks[j]); k++ {
+						// lp[j][t] is the log-prob of seqs[j][t]; the k-th generated token sits at n+k.
+						dmax = math.Max(dmax, math.Abs(float64(lp[j][n+k]-graph.logp[j][k])))
+					}
+				}
+				t.Logf("%s: rollout log-probs against the training forward: within %.3g", tc.name, dmax)
+				if dmax > tol.score {
+					t.Errorf("%s: graph decoding's log-probs differ from the training forward's by %.3g, tolerance %g", tc.name, dmax, tol.score)
+				}
+			}
+		})
+	}
+}
+
+// CUDA graphs off and on, and the allocator's counters, where there is no
+// GPU (every test run): a no-op, zero counts, and a clear refusal.
+func TestGraphSettingsWithoutGPU(t *testing.T) {
+	if testDevice != "" {
+		t.Skip("the tests run on a device")
+	}
+	p, err := torchbridge.NewPolicy(deviceConfig(), torchbridge.Options{EagerDecode: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if err := p.SetCUDAGraphs(true); err != nil {
+		t.Fatal(err)
+	}
+	c, err := p.NewCache(2, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	st := torchbridge.Step{Rows: []int{0, 1}, Tokens: [][]int32{{1, 2, 3}, {4, 5}}}
+	for k := 0; k < 3; k++ {
+		res, err := c.Extend(context.Background(), st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st.Tokens = [][]int32{{res.Next[0]}, {res.Next[1]}}
+	}
+	gs, err := p.GraphStats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gs != (torchbridge.GraphStats{}) {
+		t.Errorf("CPU decoding reported CUDA graphs: %+v", gs)
+	}
+	for _, dev := range []string{"cpu", "cuda"} {
+		_, err := torchbridge.DeviceMemory(dev, false)
+		if err == nil {
+			ok, _ := torchbridge.CUDAAvailable()
+			if dev == "cuda" && ok {
+				continue
+			}
+			t.Errorf("DeviceMemory(%q) succeeded without a GPU", dev)
+		} else if !strings.Contains(err.Error(), "device memory") {
+			t.Errorf("DeviceMemory(%q): %v: want an error that names device memory", dev, err)
+		}
+	}
+}

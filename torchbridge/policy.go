@@ -24,6 +24,10 @@ import (
 type Options struct {
 	Device string // "cpu", "cuda" or "cuda:N"
 	DType  string // "float32" or "bfloat16"
+	// EagerDecode turns CUDA-graph decoding off (SetCUDAGraphs): every
+	// kernel of a GPU decode step is launched from the host. No effect on
+	// the CPU.
+	EagerDecode bool
 }
 
 func (o Options) withDefaults() Options {
@@ -122,6 +126,9 @@ func NewPolicy(cfg *hfmodel.Config, opt Options) (*Policy, error) {
 				pr.Shape = append(pr.Shape, int64(shape[d]))
 			}
 			p.params = append(p.params, pr)
+		}
+		if opt.EagerDecode {
+			return status(C.rc_policy_set_cuda_graphs(p.h, 0, &msg), msg)
 		}
 		return nil
 	})
@@ -238,6 +245,74 @@ func (p *Policy) SetCheckpointing(on bool) error {
 		var msg *C.char
 		return status(C.rc_policy_set_checkpointing(h, v, &msg), msg)
 	})
+}
+
+// SetCUDAGraphs turns CUDA-graph decoding on (the default) or off. On a
+// CUDA policy in a CUDA build, a decode step (one new token for each row of
+// an Extend) replays a CUDA graph of the whole step, captured once per
+// padded batch size and attended length on each cache, instead of
+// launching its kernels one by one from the host. Its tokens and log-probs
+// are those of eager decoding within float rounding. No effect on the CPU.
+func (p *Policy) SetCUDAGraphs(on bool) error {
+	v := C.int32_t(0)
+	if on {
+		v = 1
+	}
+	return p.call(context.Background(), func(h *C.rc_policy) error {
+		var msg *C.char
+		return status(C.rc_policy_set_cuda_graphs(h, v, &msg), msg)
+	})
+}
+
+// GraphStats counts a policy's CUDA-graph decoding since it was created.
+type GraphStats struct {
+	Captures int64 // graphs captured
+	Replays  int64 // decode steps run by a graph
+	// Error is why a capture failed (the policy then decodes eagerly), or "".
+	Error string
+}
+
+// GraphStats returns the policy's CUDA-graph counts.
+func (p *Policy) GraphStats() (GraphStats, error) {
+	var gs GraphStats
+	err := p.call(context.Background(), func(h *C.rc_policy) error {
+		var msg, gerr *C.char
+		var captures, replays C.int64_t
+		if err := status(C.rc_policy_graph_stats(h, &captures, &replays, &gerr, &msg), msg); err != nil {
+			return err
+		}
+		gs.Captures, gs.Replays = int64(captures), int64(replays)
+		if gerr != nil {
+			gs.Error = C.GoString(gerr)
+			C.free(unsafe.Pointer(gerr))
+		}
+		return nil
+	})
+	return gs, err
+}
+
+// DeviceMemoryStats are the CUDA caching allocator's counters, in bytes.
+type DeviceMemoryStats struct {
+	Allocated, PeakAllocated int64 // held by tensors: now, and the peak since the last reset
+	Reserved, PeakReserved   int64 // taken from the device by the allocator (cached blocks included)
+}
+
+// DeviceMemory reads the CUDA caching allocator's counters of device
+// ("cuda", "cuda:N"), then resets the peaks when resetPeak is set. It fails
+// in builds without CUDA.
+func DeviceMemory(device string, resetPeak bool) (DeviceMemoryStats, error) {
+	var out [4]C.int64_t
+	reset := C.int32_t(0)
+	if resetPeak {
+		reset = 1
+	}
+	err := do(context.Background(), func() error {
+		d := C.CString(device)
+		defer C.free(unsafe.Pointer(d))
+		var msg *C.char
+		return status(C.rc_device_memory(d, reset, &out[0], &msg), msg)
+	})
+	return DeviceMemoryStats{Allocated: int64(out[0]), PeakAllocated: int64(out[1]), Reserved: int64(out[2]), PeakReserved: int64(out[3])}, err
 }
 
 // RowInvariant reports whether the policy decodes by the row-invariant

@@ -120,7 +120,7 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 	if plan.last != "" {
 		start = plan.last
 	}
-	eng, err := rollout.OpenEngine(start, torchbridge.Options{Device: device, DType: cfg.Policy.DType})
+	eng, err := rollout.OpenEngine(start, torchbridge.Options{Device: device, DType: cfg.Policy.DType, EagerDecode: cfg.Policy.EagerDecode})
 	if err != nil {
 		return err
 	}

@@ -211,7 +211,7 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 	if err != nil {
 		return err
 	}
-	eng, err := rollout.OpenEngine(cfg.Policy.Checkpoint, torchbridge.Options{Device: cfg.Policy.Device, DType: cfg.Policy.DType})
+	eng, err := rollout.OpenEngine(cfg.Policy.Checkpoint, torchbridge.Options{Device: cfg.Policy.Device, DType: cfg.Policy.DType, EagerDecode: cfg.Policy.EagerDecode})
 	if err != nil {
 		return err
 	}

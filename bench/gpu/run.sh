@@ -13,6 +13,8 @@
 #   speed   bench/gpu/speed (prefill, decode, train step tokens/s) for the
 #           tiny and small presets and Qwen2.5-0.5B's and 3B's shapes: cuda
 #           in float32 and bfloat16 (see the stage for its variables)
+#   memory  bench/memory on the GPU (0.5B and 3B shapes, bfloat16) against the plan
+#   grpo05  GRPO steps of a random 0.5B-shaped policy, CUDA graphs on and off
 #   headers libtorch's and CUDA's headers packed into $OUT (compile checks)
 #   train   recal policy init (make's $(INIT)), then recal train of recal.toml
 #           with SFT_STEPS and GRPO_STEPS, on cuda and on cpu (CPU_THREADS)
@@ -150,9 +152,41 @@ if has speed; then
     fi
     run speed-cuda-$dt 240 ./bin/speed -device cuda -dtype $dt "${sflags[@]}" && cat "$LOGS/speed-cuda-$dt.log"
   done
+  if [ "${SPEED_EAGER:-0}" = 1 ]; then  # this build with CUDA graphs off
+    for dt in ${SPEED_DTYPES:-float32 bfloat16}; do
+      run speed-eager-cuda-$dt 240 ./bin/speed -device cuda -dtype $dt -eager "${sflags[@]}" && cat "$LOGS/speed-eager-cuda-$dt.log"
+    done
+  fi
   if [ "${SPEED_CPU:-0}" = 1 ]; then
     run speed-cpu-f32 240 ./bin/speed -device cpu -dtype float32 -threads "$CPU_THREADS" "${sflags[@]}" && cat "$LOGS/speed-cpu-f32.log"
   fi
+fi
+
+# memory: bench/memory on the GPU in bfloat16 (the one-rank configurations):
+# the allocator's peak per GRPO update against the memory plan, for
+# Qwen2.5-0.5B's shape and Qwen2.5-3B's (zero weights: the same memory).
+if has memory; then
+  go build -o bin/memory ./bench/memory || exit 1
+  run memory-0.5b 150 ./bin/memory -device cuda -dtype bfloat16 -preset qwen2.5-0.5b -configs unchunked,chunked,chunked+ckpt &&
+    cat "$LOGS/memory-0.5b.log"
+  run memory-3b 200 ./bin/memory -device cuda -dtype bfloat16 -preset qwen2.5-3b -random=false -configs chunked,chunked+ckpt &&
+    cat "$LOGS/memory-3b.log"
+fi
+
+# grpo05: GRPO steps of a random Qwen2.5-0.5B-shaped policy (full
+# vocabulary) in bfloat16 on recal.toml's task, CUDA graphs on and off:
+# rollout and update time per step (summary.py).
+if has grpo05; then
+  run init-05b 120 ./bin/recal policy init --preset qwen2.5-0.5b --out runs/init/05b --tokenizer tokenizer/qwen2.5 --seed 0
+  for mode in graphs eager; do
+    eager=false
+    [ $mode = eager ] && eager=true
+    rm -rf "runs/gpu-05b-$mode"
+    run "train-05b-$mode" 200 ./bin/recal train --config recal.toml --run-dir "runs/gpu-05b-$mode" --set policy.checkpoint=runs/init/05b \
+      --set policy.device=cuda --set policy.dtype=bfloat16 --set sft.steps=0 --set train.steps="${GRPO05_STEPS:-3}" \
+      --set train.warmup_steps=0 --set policy.eager_decode=$eager
+    python3 bench/gpu/summary.py "runs/gpu-05b-$mode" "$LOGS/train-05b-$mode.log"
+  done
 fi
 
 # headers: libtorch's and CUDA's headers of this machine's pip torch, packed

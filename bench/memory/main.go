@@ -1,8 +1,14 @@
 // Command memory measures the peak memory and the time of GRPO updates of a
-// Qwen2-shaped policy on the CPU against the memory plan the dry run prints
-// (hfmodel.Config.PlanMemory), configuration by configuration:
+// Qwen2-shaped policy on the CPU (or one GPU) against the memory plan the
+// dry run prints (hfmodel.Config.PlanMemory), configuration by
+// configuration:
 //
 //	go run ./bench/memory [-preset qwen2.5-0.5b] [-layers N] [-seqs 4] [-len 256]
+//	go run ./bench/memory -device cuda -dtype bfloat16 -preset qwen2.5-3b -configs chunked+ckpt
+//
+// On a GPU the peaks are the CUDA caching allocator's peak of memory held
+// by tensors, read against the plan without the CUDA context, and only the
+// one-rank configurations run.
 //
 // The policy has the preset's shape with the full vocabulary (-vocab,
 // Qwen2.5's 151,936 ids) and random weights, as `recal policy init --preset`
@@ -68,7 +74,15 @@ var (
 	from     = flag.String("from", "", "print the table from the json lines of an earlier run's output (run with the same -preset, -layers, -seqs, -len, -kl) against the current plan, running nothing")
 	prepare  = flag.Bool("prepare", true, "allocate the optimizer state (and with 2 ranks the gradient buckets) before the first backward, as recal train does (Policy.PrepareUpdate); false: at the first update's step and all-reduce")
 	glibc    = flag.Bool("training-malloc", true, "run with recal train's malloc settings (torchbridge.UseTrainingMalloc); false: glibc's defaults")
+	device   = flag.String("device", "cpu", "cpu, or cuda (one GPU: the one-rank configurations, peaks from the CUDA caching allocator)")
+	dtype    = flag.String("dtype", "float32", "float32 or bfloat16")
+	random   = flag.Bool("random", true, "draw random weights (false: zeros, the same memory, no time spent drawing 3B normals on the CPU)")
 )
+
+// onGPU: the policy runs on a GPU; a rank's peaks are the CUDA caching
+// allocator's peak of memory held by tensors (torchbridge.DeviceMemory),
+// against the plan without the CUDA context (Runtime 0).
+func onGPU() bool { return strings.HasPrefix(*device, "cuda") }
 
 // setup is one configuration.
 type setup struct {
@@ -145,9 +159,13 @@ func shape() (*hfmodel.Config, error) {
 }
 
 func plan(cfg *hfmodel.Config, s setup) hfmodel.MemoryPlan {
-	return cfg.PlanMemory(hfmodel.MemoryOptions{DType: "float32", Train: true, KLReference: *kl, World: s.World,
+	rt := int64(hfmodel.CPURuntime)
+	if onGPU() {
+		rt = 0
+	}
+	return cfg.PlanMemory(hfmodel.MemoryOptions{DType: *dtype, CUDA: onGPU(), Train: true, KLReference: *kl, World: s.World,
 		ShardOptimizer: s.Shard, Checkpointing: s.Checkpointing, MicroSeqs: *seqs, SeqLen: *seqLen, MicroBatches: 1,
-		HeadChunk: s.HeadChunk, Runtime: hfmodel.CPURuntime})
+		HeadChunk: s.HeadChunk, Runtime: rt})
 }
 
 // trainPeak is the plan's peak of what the bench runs: the update and the
@@ -177,10 +195,14 @@ func parent() error {
 		return replan(cfg, *from)
 	}
 	host, _ := os.Hostname()
-	fmt.Printf("bench/memory: %s shape, %d layers, vocabulary %d, %d parameters (%.2f B); float32 on the CPU (%d cores, %s, OPENBLAS_CORETYPE=%s); "+
+	where := fmt.Sprintf("on the CPU (%d cores, %s, OPENBLAS_CORETYPE=%s)", runtime.NumCPU(), host, os.Getenv("OPENBLAS_CORETYPE"))
+	if onGPU() {
+		where = fmt.Sprintf("on %s (%s; peaks: the CUDA caching allocator's tensors, the plan without the CUDA context)", *device, host)
+	}
+	fmt.Printf("bench/memory: %s shape, %d layers, vocabulary %d, %d parameters (%.2f B); %s %s; "+
 		"micro-batch %d × %d tokens, KL reference %v, %d update(s) per configuration; %s\n",
-		*preset, cfg.NumHiddenLayers, cfg.VocabSize, cfg.NumParams(), float64(cfg.NumParams())/1e9, runtime.NumCPU(), host,
-		os.Getenv("OPENBLAS_CORETYPE"), *seqs, *seqLen, *kl, *steps, time.Now().UTC().Format("2006-01-02 15:04 UTC"))
+		*preset, cfg.NumHiddenLayers, cfg.VocabSize, cfg.NumParams(), float64(cfg.NumParams())/1e9, *dtype, where,
+		*seqs, *seqLen, *kl, *steps, time.Now().UTC().Format("2006-01-02 15:04 UTC"))
 	fmt.Println(header)
 	var base float64
 	for _, s := range setups() {
@@ -188,12 +210,16 @@ func parent() error {
 			continue
 		}
 		p := plan(cfg, s)
+		if onGPU() && s.World > 1 {
+			fmt.Printf("%-16s skipped: %d ranks need %d GPUs; this bench runs on one\n", s.Name, s.World, s.World)
+			continue
+		}
 		need := trainPeak(p) * int64(s.World)
 		avail, err := memInfo("MemAvailable")
 		if err != nil {
 			return err
 		}
-		if need > avail-int64(*headroom*(1<<30)) {
+		if !onGPU() && need > avail-int64(*headroom*(1<<30)) {
 			fmt.Printf("%-16s skipped: its %d rank(s) are planned at %.2f GiB, MemAvailable is %.2f GiB (%.0f GiB kept free)\n",
 				s.Name, s.World, hfmodel.GiB(need), hfmodel.GiB(avail), *headroom)
 			continue
@@ -389,26 +415,41 @@ func child(spec string) error {
 	if rep.Runtime, err = status("VmRSS"); err != nil {
 		return err
 	}
+	// peak is the rank's peak so far: VmHWM on the CPU, the allocator's
+	// peak of tensors on a GPU.
+	peak := func() (int64, error) { return status("VmHWM") }
+	if onGPU() {
+		rep.Runtime = 0
+		peak = func() (int64, error) {
+			m, err := torchbridge.DeviceMemory(*device, false)
+			return m.PeakAllocated, err
+		}
+	}
 	cfg, err := shape()
 	if err != nil {
 		return err
 	}
-	pol, err := torchbridge.NewPolicy(cfg, torchbridge.Options{Device: "cpu", DType: "float32"})
+	opts := torchbridge.Options{Device: *device, DType: *dtype}
+	pol, err := torchbridge.NewPolicy(cfg, opts)
 	if err != nil {
 		return err
 	}
 	defer pol.Close()
-	if err := pol.InitRandom(1, 0.02); err != nil {
-		return err
+	if *random {
+		if err := pol.InitRandom(1, 0.02); err != nil {
+			return err
+		}
 	}
 	if *kl {
-		ref, err := torchbridge.NewPolicy(cfg, torchbridge.Options{Device: "cpu", DType: "float32"})
+		ref, err := torchbridge.NewPolicy(cfg, opts)
 		if err != nil {
 			return err
 		}
 		defer ref.Close()
-		if err := ref.InitRandom(1, 0.02); err != nil {
-			return err
+		if *random {
+			if err := ref.InitRandom(1, 0.02); err != nil {
+				return err
+			}
 		}
 		if err := ref.SetTrainable(false); err != nil {
 			return err
@@ -462,7 +503,7 @@ func child(spec string) error {
 			return err
 		}
 		rep.Loss = ls.Loss
-		hwm, err := status("VmHWM")
+		hwm, err := peak()
 		if err != nil {
 			return err
 		}
@@ -471,7 +512,7 @@ func child(spec string) error {
 			if err := group.AllReduceGrads(ctx, pol); err != nil {
 				return err
 			}
-			if hwm, err = status("VmHWM"); err != nil {
+			if hwm, err = peak(); err != nil {
 				return err
 			}
 			rep.AllReducePeaks = append(rep.AllReducePeaks, hwm)
@@ -485,7 +526,7 @@ func child(spec string) error {
 			}
 		}
 		rep.Times = append(rep.Times, time.Since(t0).Seconds())
-		if hwm, err = status("VmHWM"); err != nil {
+		if hwm, err = peak(); err != nil {
 			return err
 		}
 		rep.Peaks = append(rep.Peaks, hwm)

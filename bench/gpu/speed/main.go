@@ -44,6 +44,10 @@ type result struct {
 	Vocab  int64  `json:"vocab"`
 	Params int64  `json:"params"` // elements, the output head counted once when tied
 	engine.Rates
+	Eager bool `json:"eager,omitempty"` // -eager: CUDA graphs off
+	// Graphs: the CUDA graphs the decode measures captured and replayed,
+	// and why a capture failed ("" when none did).
+	Graphs *torchbridge.GraphStats `json:"graphs,omitempty"`
 	// Bound is each decode batch's memory-bandwidth bound in tokens/s
 	// (-bandwidth; see the package comment), by batch as in Rates.Decode.
 	Bound map[string]float64 `json:"bound_tok_s,omitempty"`
@@ -58,6 +62,7 @@ func main() {
 	fullVocab := flag.Int64("full-vocab", 151936, "vocabulary size of 0.5b and 3b (Qwen2.5's)")
 	batchList := flag.String("batches", "1,64", "comma-separated decode batch sizes")
 	noTrain := flag.String("no-train", "", "comma-separated models whose train step is skipped")
+	eager := flag.Bool("eager", false, "decode without CUDA graphs (torchbridge.Options.EagerDecode)")
 	bandwidth := flag.Float64("bandwidth", 3.35e12, "device memory bandwidth in bytes/s for bound_tok_s (H100 SXM: 3.35e12)")
 	threads := flag.Int("threads", 0, "CPU threads for libtorch (0 = all cores)")
 	minTime := flag.Duration("min-time", time.Second, "time each measure repeats for, at least")
@@ -85,7 +90,7 @@ func main() {
 			v = *fullVocab
 		}
 		o := engine.Options{Batches: batches, NoTrain: skip[m]}
-		r, err := measure(m, *device, *dtype, v, *minTime, o)
+		r, err := measure(m, torchbridge.Options{Device: *device, DType: *dtype, EagerDecode: *eager}, v, *minTime, o)
 		if err != nil {
 			fail(fmt.Errorf("%s: %w", m, err))
 		}
@@ -136,12 +141,12 @@ func config(model string, vocab int64) (*hfmodel.Config, error) {
 	return hfmodel.Preset(preset, vocab)
 }
 
-func measure(model, device, dtype string, vocab int64, minTime time.Duration, o engine.Options) (result, error) {
+func measure(model string, opts torchbridge.Options, vocab int64, minTime time.Duration, o engine.Options) (result, error) {
 	cfg, err := config(model, vocab)
 	if err != nil {
 		return result{}, err
 	}
-	p, err := engine.NewRandomPolicy(cfg, torchbridge.Options{Device: device, DType: dtype})
+	p, err := engine.NewRandomPolicy(cfg, opts)
 	if err != nil {
 		return result{}, err
 	}
@@ -150,7 +155,11 @@ func measure(model, device, dtype string, vocab int64, minTime time.Duration, o 
 	if err != nil {
 		return result{}, err
 	}
-	return result{Device: device, DType: dtype, Model: model, Vocab: vocab, Params: cfg.NumParams(), Rates: rates}, nil
+	res := result{Device: opts.Device, DType: opts.DType, Model: model, Vocab: vocab, Params: cfg.NumParams(), Rates: rates, Eager: opts.EagerDecode}
+	if gs, err := p.GraphStats(); err == nil && (gs.Captures > 0 || gs.Error != "") {
+		res.Graphs = &gs
+	}
+	return res, nil
 }
 
 // bounds are the decode batches' memory-bandwidth bounds in tokens/s: per
