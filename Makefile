@@ -23,6 +23,14 @@ ifneq ($(wildcard $(LIBTORCH)/lib/libtorch_cuda.so),)
 # Without --no-as-needed the linker drops libtorch_cuda (nothing references it
 # directly) and its CUDA kernels never register.
 TORCH_LDFLAGS += -Wl,--no-as-needed -ltorch_cuda -lc10_cuda -Wl,--as-needed
+# The CUDA runtime, which the bridge's CUDA code calls through c10's inline
+# functions: official archives ship it in lib/, pip wheels in the nvidia-*
+# packages beside torch/, a toolkit in lib64/.
+CUDART := $(firstword $(wildcard $(LIBTORCH)/lib/libcudart*.so* $(LIBTORCH)/../nvidia/cu*/lib/libcudart.so* \
+  $(LIBTORCH)/../nvidia/cuda_runtime/lib/libcudart.so* /usr/local/cuda/lib64/libcudart.so))
+ifneq ($(CUDART),)
+TORCH_LDFLAGS += -L$(dir $(CUDART)) -Wl,-rpath,$(dir $(CUDART)) -Wl,--no-as-needed -l:$(notdir $(CUDART)) -Wl,--as-needed
+endif
 endif
 endif
 

@@ -129,6 +129,9 @@ fi
 if [ -f build/librecal.a ]; then
   export CGO_CFLAGS="-O2 -DRECAL_LIB=$(sha1sum build/librecal.a | cut -c1-16)"
   export CGO_LDFLAGS="-L$TORCH/lib -Wl,-rpath,$TORCH/lib -Wl,--no-as-needed -ltorch_cuda -lc10_cuda -Wl,--as-needed"
+  # The CUDA runtime, as the Makefile links it (CUDART there).
+  cudart=$(ls "$TORCH"/lib/libcudart*.so* "$SITE"/nvidia/cu*/lib/libcudart.so* "$SITE"/nvidia/cuda_runtime/lib/libcudart.so* 2>/dev/null | head -1)
+  [ -n "$cudart" ] && CGO_LDFLAGS="$CGO_LDFLAGS -L$(dirname "$cudart") -Wl,-rpath,$(dirname "$cudart") -Wl,--no-as-needed -l:$(basename "$cudart") -Wl,--as-needed"
 fi
 
 if has test; then
@@ -178,7 +181,7 @@ fi
 # rollout and update time per step (summary.py).
 if has grpo05; then
   run init-05b 120 ./bin/recal policy init --preset qwen2.5-0.5b --out runs/init/05b --tokenizer tokenizer/qwen2.5 --seed 0
-  for mode in graphs eager; do
+  for mode in ${GRPO05_MODES:-graphs eager}; do
     eager=false
     [ $mode = eager ] && eager=true
     rm -rf "runs/gpu-05b-$mode"
