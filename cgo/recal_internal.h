@@ -206,9 +206,10 @@ struct rc_policy {
   // zero and is its .grad (a bucket view). Each untouched row would gain
   // +0, which changes none of these: they start at +0 and only ever gain
   // sums, so none holds -0. CPU only: a GPU's dense embedding backward
-  // sums a token's rows in another order.
+  // sums a token's rows in another order, and so may libtorch's bfloat16
+  // kernel (torch 2.11's does, 1.13's did not): float32 only.
   torch::Tensor embed_grad_target() const {
-    if (!device.is_cpu()) return {};
+    if (!device.is_cpu() || dtype != torch::kFloat32) return {};
     if (embed == lm_head) {
       if (head_grad.defined()) return head_grad;
       return sums_zero ? grad(lm_head) : torch::Tensor();

@@ -162,14 +162,22 @@ Tensor decoder_layer(const rc_policy& p, const Layer& ly, const Tensor& x, const
 // parameter gradients in their .grad as the plain backward does. The
 // recomputation repeats the forward's arithmetic exactly, so the gradients
 // are the plain backward's.
+//
+// A Function's tensor arguments must be defined (autograd records each
+// one's device): an undefined mask (causal, see attend) travels as an empty
+// tensor (no_mask) and is undefined again inside.
 struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
+  static Tensor no_mask(const Tensor& mask, const torch::Device& dev) {
+    return mask.defined() ? mask : torch::empty({0}, torch::TensorOptions().dtype(torch::kFloat32).device(dev));
+  }
+  static Tensor from_arg(const Tensor& mask) { return mask.numel() == 0 ? Tensor() : mask; }
   static Tensor forward(torch::autograd::AutogradContext* ctx, Tensor x, const rc_policy* p, int64_t layer,
                         Tensor cos, Tensor sin, Tensor mask) {
     ctx->saved_data["policy"] = reinterpret_cast<int64_t>(p);
     ctx->saved_data["layer"] = layer;
     ctx->save_for_backward({x, cos, sin, mask});
     torch::NoGradGuard ng;
-    return decoder_layer(*p, p->layers[layer], x, cos, sin, mask);
+    return decoder_layer(*p, p->layers[layer], x, cos, sin, from_arg(mask));
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad) {
@@ -180,7 +188,7 @@ struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
     Tensor y;
     {
       torch::AutoGradMode on(true);
-      y = decoder_layer(*p, p->layers[layer], x, saved[1], saved[2], saved[3]);
+      y = decoder_layer(*p, p->layers[layer], x, saved[1], saved[2], from_arg(saved[3]));
     }
     torch::autograd::backward({y}, {grad[0]});
     return {x.grad(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
@@ -246,7 +254,7 @@ Tensor forward_full(const rc_policy& p, const Tensor& tokens) {
                .triu(1);
   bool ckpt = p.checkpoint_layers && torch::GradMode::is_enabled();
   for (size_t l = 0; l < p.layers.size(); l++)
-    x = ckpt ? CheckpointedLayer::apply(x, &p, (int64_t)l, cos, sin, mask)
+    x = ckpt ? CheckpointedLayer::apply(x, &p, (int64_t)l, cos, sin, CheckpointedLayer::no_mask(mask, p.device))
              : decoder_layer(p, p.layers[l], x, cos, sin, mask);
   return rms_norm(x, p.P(p.norm), p.cfg.rms_norm_eps);
 }
