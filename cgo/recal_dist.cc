@@ -339,39 +339,47 @@ int rc_dist_gather_params(rc_dist* d, rc_policy* p, char** err) {
            std::to_string(d->size));
     if (!p->sharded()) return;
     torch::NoGradGuard ng;
-    // In rounds of about bucket_bytes of parameters (at least one whole
-    // parameter each), so the buffers (this rank's share, every rank's,
-    // and c10d's flat copy of them) hold one round, not every parameter.
-    // The rounds depend on the shapes alone: every rank cuts the same ones.
+    // In rounds: in round k every rank sends elements k·cap … (k+1)·cap of
+    // its own range of the parameters laid end to end (rc_policy::share's
+    // layout), at most cap elements, about bucket_bytes. The buffers (this
+    // rank's piece, every rank's, and c10d's flat copy of them) then hold
+    // one round of every rank's range, however large a parameter is (a
+    // large vocabulary's embedding would otherwise be one round, and that
+    // round several copies of it). The rounds depend on the shapes alone:
+    // every rank cuts the same ones.
     int64_t es = (int64_t)c10::elementSize(p->dtype);
-    int64_t cap = std::max<int64_t>(1, d->bucket_bytes / es);
+    int64_t cap = std::max<int64_t>(1 << 16, d->bucket_bytes / es);
+    int64_t total = 0;
+    auto base = p->shard_bases(&total);
+    auto cut = [&](int64_t r) { return rc_policy::shard_cut(r, d->size, total); };
+    int64_t longest = 0;
+    for (int r = 0; r < d->size; r++) longest = std::max(longest, cut(r + 1) - cut(r));
     auto flat = [&](size_t i) { return p->params[i].view({-1}).view(torch::kUInt8); };
     auto opts = torch::TensorOptions().dtype(torch::kUInt8).device(p->device);
-    for (size_t first = 0; first < p->params.size();) {
-      size_t last = first;
-      for (int64_t n = 0; last < p->params.size() && (last == first || n < cap); last++) n += p->params[last].numel();
-      // Every rank's share of the round, packed in parameter order, padded
-      // to the longest.
-      std::vector<int64_t> len(d->size, 0);
-      for (int r = 0; r < d->size; r++)
-        for (size_t i = first; i < last; i++) {
-          auto s = p->share(i, r, d->size);
-          len[r] += s.second - s.first;
-        }
-      int64_t most = *std::max_element(len.begin(), len.end()) * es;  // the values travel as bytes (Gloo has no bfloat16)
-      if (most == 0) {
-        first = last;
-        continue;
+    // The elements [g0, g1) of the layout that rank r sends in round k.
+    auto piece = [&](int r, int64_t k) {
+      int64_t g0 = std::min(cut(r) + k * cap, cut(r + 1));
+      return std::make_pair(g0, std::min(g0 + cap, cut(r + 1)));
+    };
+    // Copies between the parameters' elements in [g0, g1) and buf (the
+    // padding between parameters stays unused): into buf when out.
+    auto move = [&](std::pair<int64_t, int64_t> g, const torch::Tensor& buf, bool out) {
+      for (size_t i = 0; i < p->params.size(); i++) {
+        int64_t lo = std::max(g.first, base[i]), hi = std::min(g.second, base[i] + p->params[i].numel());
+        if (hi <= lo) continue;
+        auto pv = flat(i).narrow(0, (lo - base[i]) * es, (hi - lo) * es);
+        auto bv = buf.narrow(0, (lo - g.first) * es, (hi - lo) * es);
+        if (out)
+          bv.copy_(pv);
+        else
+          pv.copy_(bv);
       }
-      auto mine = torch::zeros({most}, opts);
-      int64_t off = 0;
-      for (size_t i = first; i < last; i++) {
-        auto n = (p->own_hi[i] - p->own_lo[i]) * es;
-        if (n > 0) mine.narrow(0, off, n).copy_(flat(i).narrow(0, p->own_lo[i] * es, n));
-        off += n;
-      }
+    };
+    for (int64_t k = 0; k * cap < longest; k++) {
+      auto mine = torch::zeros({cap * es}, opts);  // the values travel as bytes (Gloo has no bfloat16)
+      move(piece(d->rank, k), mine, true);
       std::vector<torch::Tensor> all;
-      for (int r = 0; r < d->size; r++) all.push_back(torch::empty({most}, opts));
+      for (int r = 0; r < d->size; r++) all.push_back(torch::empty({cap * es}, opts));
       collective(d, "gather_params", [&] {
         std::vector<std::vector<torch::Tensor>> outputs{all};
         std::vector<torch::Tensor> inputs{mine};
@@ -388,17 +396,8 @@ int rc_dist_gather_params(rc_dist* d, rc_policy* p, char** err) {
         wait(d, d->gloo->allgather(outputs, inputs, o));
         all = outputs[0];
       });
-      for (int r = 0; r < d->size; r++) {
-        if (r == d->rank) continue;
-        int64_t at = 0;
-        for (size_t i = first; i < last; i++) {
-          auto s = p->share(i, r, d->size);
-          auto n = (s.second - s.first) * es;
-          if (n > 0) flat(i).narrow(0, s.first * es, n).copy_(all[r].narrow(0, at, n));
-          at += n;
-        }
-      }
-      first = last;
+      for (int r = 0; r < d->size; r++)
+        if (r != d->rank) move(piece(r, k), all[r], false);
     }
   });
 }

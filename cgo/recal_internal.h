@@ -152,17 +152,30 @@ struct rc_policy {
 
   bool sharded() const { return shard_world > 1; }
 
+  // The parameters laid end to end, each padded to kShardAlign elements:
+  // where each starts, and the whole length (*total).
+  std::vector<int64_t> shard_bases(int64_t* total) const {
+    std::vector<int64_t> base(params.size());
+    int64_t t = 0;
+    for (size_t j = 0; j < params.size(); j++) {
+      base[j] = t;
+      t += (params[j].numel() + kShardAlign - 1) / kShardAlign * kShardAlign;
+    }
+    *total = t;
+    return base;
+  }
+
+  // Where rank k's range of that layout starts (k == world: its end).
+  static int64_t shard_cut(int64_t k, int64_t world, int64_t total) {
+    return k == world ? total : total / kShardAlign * k / world * kShardAlign;
+  }
+
   // The element range [lo, hi) of parameter i that rank r owns among world.
   std::pair<int64_t, int64_t> share(size_t i, int64_t r, int64_t world) const {
-    auto pad = [](int64_t n) { return (n + kShardAlign - 1) / kShardAlign * kShardAlign; };
-    int64_t total = 0, base = 0;
-    for (size_t j = 0; j < params.size(); j++) {
-      if (j == i) base = total;
-      total += pad(params[j].numel());
-    }
-    auto cut = [&](int64_t k) { return k == world ? total : total / kShardAlign * k / world * kShardAlign; };
+    int64_t total = 0;
+    auto base = shard_bases(&total)[i];
     int64_t n = params[i].numel();
-    int64_t lo = std::max(cut(r), base), hi = std::min(cut(r + 1), base + n);
+    int64_t lo = std::max(shard_cut(r, world, total), base), hi = std::min(shard_cut(r + 1, world, total), base + n);
     if (hi <= lo) return {0, 0};
     return {lo - base, hi - base};
   }

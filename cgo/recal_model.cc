@@ -796,7 +796,14 @@ int rc_cache_extend(rc_cache* c, int64_t n, const int64_t* rows, int64_t width, 
       rsel = ri.unsqueeze(1).expand({n, width}).masked_select(valid);
       psel = pos.masked_select(valid);
     }
-    if (!uniform || width > 1) {
+    // A prefill of rows that all start empty is plain causal attention
+    // (tmax == width): on a GPU with fused attention an undefined mask
+    // says so (attend), and the causal kernel runs without a mask.
+    bool causal = false;
+#ifdef RECAL_SDPA
+    causal = dev.is_cuda() && uniform && lens[0] == 0 && width > 1;
+#endif
+    if ((!uniform || width > 1) && !causal) {
       auto cols = torch::arange(tmax, li.device(dev));
       // Query (r, t) may see cache columns 0..pos[r, t].
       mask = torch::zeros({n, width, tmax}, torch::TensorOptions().dtype(torch::kFloat32).device(dev))

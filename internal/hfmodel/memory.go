@@ -112,6 +112,12 @@ type MemoryOptions struct {
 // is updated slice by slice, so the step's temporaries stay small.
 const StepSlice = 1 << 22
 
+// GatherRound is the elements of its range each rank sends in one round of
+// the sharded parameters' all-gather (cap in cgo/recal_dist.cc's
+// rc_dist_gather_params): bucketBytes of the policy's dtype (es bytes an
+// element), at least 65,536.
+func GatherRound(bucketBytes, es int64) int64 { return max(1<<16, bucketBytes/es) }
+
 // AllreduceSegment is the most bytes of a bucket Gloo's ring moves per step
 // of its pipeline in the CPU gradient all-reduce (kSegmentBytes in
 // cgo/recal_dist.cc); Gloo keeps two steps' worth of scratch per bucket.
@@ -380,10 +386,10 @@ func (c *Config) PlanMemory(o MemoryOptions) MemoryPlan {
 	// one parameter, or one StepSlice of a larger one, at a time: the
 	// gradient's square for the norm, then of the rank's share the clipped
 	// gradient, the second moment's square root and the denominator);
-	// sharded, for one round of the all-gather (about dist.bucket_bytes of
-	// parameters, whole ones), the send
-	// buffer, every rank's share (the policy's dtype), and c10d's own
-	// flat buffer of every rank's share, which its allgather fills before
+	// sharded, for one round of the all-gather (GatherRound elements of
+	// each rank's range, or the whole range when it is shorter), the send
+	// buffer, every rank's piece (the policy's dtype), and c10d's own
+	// flat buffer of every rank's piece, which its allgather fills before
 	// copying out (ProcessGroupGloo's and ProcessGroupNCCL's alike); with
 	// several ranks on the CPU, the gradient all-reduce's scratch: Gloo's
 	// ring keeps two of a bucket's pipeline steps (AllreduceSegment bytes
@@ -407,8 +413,8 @@ func (c *Config) PlanMemory(o MemoryOptions) MemoryPlan {
 			temp = MemoryPart{"all-reduce scratch", scratch}
 		}
 	}
-	round := min(P, bucketBytes/es+largest) // a round of the all-gather holds whole parameters
-	if gather := (2*world + 1) * ((round + world - 1) / world) * es; sharded && gather > temp.Bytes {
+	round := min((P+world-1)/world, GatherRound(bucketBytes, es)) // each rank's piece of one round
+	if gather := (2*world + 1) * round * es; sharded && gather > temp.Bytes {
 		temp = MemoryPart{"parameter all-gather", gather}
 	}
 	var sums int64 // the buckets hold them with several ranks

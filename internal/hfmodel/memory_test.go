@@ -71,14 +71,12 @@ func TestPlanMemoryQwen3BByHand(t *testing.T) {
 		},
 		"step": {
 			"gradient sums": 0,
-			// the largest of the moments one after the other: the all-gather's
-			// largest round (25 MiB of bfloat16 parameters and the embedding,
-			// 324,272,128 elements: its send buffer, 4 quarter shares and c10d's
-			// flat copy of them, 1.46 GB), over the first step's copy of the
-			// sums into the buckets, one bucket at a time (25 MiB and the
-			// float32 embedding, 1.27 GB) and the optimizer's three float32
-			// quarters of the embedding (0.93 GB)
-			"parameter all-gather": 9 * ((25<<20/2 + 151936*2048) / 4) * 2,
+			// the largest of the moments one after the other: a round of the
+			// all-gather (each of the 4 ranks sends 25 MiB of bfloat16
+			// parameters, 13,107,200 elements, of its range: the send buffer,
+			// every rank's piece and c10d's flat copy of them, 236 MB), over
+			// the optimizer's float32 temporaries (three StepSlices, 50 MB)
+			"parameter all-gather": 9 * (25 << 20 / 2) * 2,
 		},
 	}
 	for _, ph := range []MemoryPhase{p.Rollout, p.Head, p.BackwardEnd, p.Step} {
