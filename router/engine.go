@@ -600,6 +600,9 @@ func (e *Engine) extend(ctx context.Context, ps []*Pending, s generate.Sampling,
 			// its own copy: fold appends the reply block to the feed
 			fed, looped = slices.Clone(closing), false // after </think> the turn goes on
 		} else {
+			if span != nil && span[k] != nil {
+				o.Constrained = append(o.Constrained, len(o.Tokens))
+			}
 			o.Tokens = append(o.Tokens, t)
 			o.Mask = append(o.Mask, 1)
 			o.Logp = append(o.Logp, logp[k])

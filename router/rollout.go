@@ -188,6 +188,13 @@ type Sample struct {
 	// Closed counts the tags that router.on_repeat = "close" closed for the
 	// policy when its copy began to loop.
 	Closed int
+	// Constrained lists the indices into Tokens of the policy's tokens
+	// chosen under router.answer_span or router.search_names. Their Logp
+	// is the unconstrained policy's, which can lie far below what the
+	// constrained choice gave them (a name completed that the policy meant
+	// to write otherwise); PPO leaves them out of its per-token KL penalty,
+	// which would otherwise reward pushing them down without bound.
+	Constrained []int
 }
 
 // CalledModels lists the pool models actually called, in order.

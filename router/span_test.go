@@ -151,6 +151,20 @@ func TestSearchNames(t *testing.T) {
 		if known := calls[0].Model == "sim-a" || calls[0].Model == "sim-b"; known != on || calls[0].Unknown == on {
 			t.Errorf("search_names=%v: the call went to %q (unknown %v); response %q", on, calls[0].Model, calls[0].Unknown, out[0].Text)
 		}
+		// The name's tokens, and no others, are listed as constrained.
+		var name string
+		for _, j := range out[0].Constrained {
+			if out[0].Mask[j] != 1 {
+				t.Errorf("search_names=%v: constrained token %d has mask %v, want a policy token", on, j, out[0].Mask[j])
+			}
+			name += string(tok.TokenBytes(int(out[0].Tokens[j])))
+		}
+		if want := calls[0].Model; on && !strings.Contains(name, strings.TrimPrefix(want, "sim-")) {
+			t.Errorf("search_names=%v: the constrained tokens spell %q, want the name %q", on, name, want)
+		}
+		if !on && len(out[0].Constrained) != 0 {
+			t.Errorf("search_names=%v: %d tokens listed as constrained, want none", on, len(out[0].Constrained))
+		}
 	}
 	// A pool that cannot list its models is refused up front.
 	if _, err := NewEngine(freshRows{&wishful{tok: tok, vocab: 10}}, tok, struct{ Pool }{pool}, Config{MaxTurns: 1, TurnTokens: 8, InfoTokens: 8, SearchNames: true},

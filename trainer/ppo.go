@@ -127,13 +127,27 @@ func (a ppo) fill(b *stepBatch) {
 		b.st.PPOCostWindow, cheap = cheapness(b.st.PPOCostWindow, cost, a.cfg.CostWindow)
 		rec := &ppoRecord{Score: routerR1Score(b.rewards[i], a.cfg.Outcome, a.cfg.CostCoef, cheap), Cost: cost, Cheapness: cheap,
 			Values: []float32{}}
+		// Tokens chosen under a decoding constraint (router.answer_span,
+		// router.search_names) carry no KL penalty: their log-probs are the
+		// unconstrained policy's, and the penalty −β·(log π − log π_ref)
+		// would pay the policy for pushing a token it cannot avoid ever
+		// further down (Router-R1 collapsed so on the EVOUNA world).
+		constrained := map[int]bool{}
+		off := len(s.Tokens) - len(b.samples[i].Tokens) // the response follows the prompt
+		for _, j := range b.samples[i].Constrained {
+			constrained[off+j] = true
+		}
 		for t := range s.Tokens {
 			if t == 0 || s.Mask[t] <= 0 {
 				continue
 			}
 			rec.Values = append(rec.Values, s.OldValues[t])
 			if s.RefLogp != nil {
-				rec.KL = append(rec.KL, s.OldLogp[t]-s.RefLogp[t])
+				kl := s.OldLogp[t] - s.RefLogp[t]
+				if constrained[t] {
+					kl = 0
+				}
+				rec.KL = append(rec.KL, kl)
 			}
 		}
 		in[i] = gaeInput{score: rec.Score, values: rec.Values, kl: rec.KL}

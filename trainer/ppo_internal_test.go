@@ -308,3 +308,44 @@ func TestGAEReferenceSynthetic(t *testing.T) {
 		t.Fatalf("gae_reference.py check with one advantage off by 1e-3: exit %d, want 1\n%s", code, out)
 	}
 }
+
+// A token chosen under a decoding constraint (router.Sample.Constrained)
+// carries no KL penalty in PPO's rewards: its log-prob is the
+// unconstrained policy's, far below the reference's here, and −β·KL would
+// otherwise pay for pushing it further down.
+func TestPPOConstrainedTokensCarryNoKL(t *testing.T) {
+	cfg := config.Default()
+	cfg.Train.Algorithm, cfg.PPO.KLCoef = "ppo", 0.1
+	a := newPPO(cfg).(ppo)
+	const prompt, n = 3, 8
+	s := torchbridge.Sequence{Tokens: make([]int32, prompt+n), Mask: make([]float32, prompt+n), OldLogp: make([]float32, prompt+n),
+		RefLogp: make([]float32, prompt+n), OldValues: make([]float32, prompt+n)}
+	for t := prompt; t < prompt+n; t++ {
+		s.Mask[t], s.OldLogp[t], s.RefLogp[t] = 1, -1, -1.5
+	}
+	s.OldLogp[prompt+5] = -30 // a forced name token the policy meant to write otherwise
+	sample := router.Sample{Tokens: make([]int32, n), Constrained: []int{5}}
+	for _, constrained := range []bool{false, true} {
+		smp := sample
+		if !constrained {
+			smp.Constrained = nil
+		}
+		b := &stepBatch{qs: []data.Example{{ID: "nq/1", Dataset: "nq"}}, g: 1, st: &State{},
+			seqs: []torchbridge.Sequence{s}, rewards: []router.Rewards{{Format: 1}}, samples: []router.Sample{smp}}
+		a.fill(b)
+		kl := b.ppo[0].KL
+		if len(kl) != n {
+			t.Fatalf("constrained=%v: %d KL terms, want %d", constrained, len(kl), n)
+		}
+		want := float32(-28.5)
+		if constrained {
+			want = 0
+		}
+		if kl[5] != want {
+			t.Errorf("constrained=%v: KL of the constrained token %v, want %v", constrained, kl[5], want)
+		}
+		if kl[4] != 0.5 {
+			t.Errorf("constrained=%v: KL of a free token %v, want 0.5", constrained, kl[4])
+		}
+	}
+}
