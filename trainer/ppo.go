@@ -133,7 +133,9 @@ func (a ppo) fill(b *stepBatch) {
 		// would pay the policy for pushing a token it cannot avoid ever
 		// further down (Router-R1 collapsed so on the EVOUNA world).
 		constrained := map[int]bool{}
-		off := len(s.Tokens) - len(b.samples[i].Tokens) // the response follows the prompt
+		// The response follows the prompt; a gathered sample keeps its Mask
+		// (one entry per response token), not its Tokens (record).
+		off := len(s.Tokens) - len(b.samples[i].Mask)
 		for _, j := range b.samples[i].Constrained {
 			constrained[off+j] = true
 		}

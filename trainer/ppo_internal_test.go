@@ -324,7 +324,8 @@ func TestPPOConstrainedTokensCarryNoKL(t *testing.T) {
 		s.Mask[t], s.OldLogp[t], s.RefLogp[t] = 1, -1, -1.5
 	}
 	s.OldLogp[prompt+5] = -30 // a forced name token the policy meant to write otherwise
-	sample := router.Sample{Tokens: make([]int32, n), Constrained: []int{5}}
+	// As the ranks gather it (record): its Mask, not its Tokens.
+	sample := record(router.Sample{Tokens: make([]int32, n), Mask: make([]float32, n), Constrained: []int{5}}, router.Rewards{}, 0).Sample
 	for _, constrained := range []bool{false, true} {
 		smp := sample
 		if !constrained {
