@@ -237,14 +237,18 @@ func (p *Policy) ShardOptimizer(rank, world int) error {
 // layer's input) for about one more forward pass of compute. The gradients
 // are those of the plain backward.
 func (p *Policy) SetCheckpointing(on bool) error {
-	v := C.int32_t(0)
-	if on {
-		v = 1
-	}
 	return p.call(context.Background(), func(h *C.rc_policy) error {
 		var msg *C.char
-		return status(C.rc_policy_set_checkpointing(h, v, &msg), msg)
+		return status(C.rc_policy_set_checkpointing(h, cBool(on), &msg), msg)
 	})
+}
+
+// cBool is on as the C ABI's flags take it.
+func cBool(on bool) C.int32_t {
+	if on {
+		return 1
+	}
+	return 0
 }
 
 // SetCUDAGraphs turns CUDA-graph decoding on (the default) or off. On a
@@ -254,13 +258,9 @@ func (p *Policy) SetCheckpointing(on bool) error {
 // launching its kernels one by one from the host. Its tokens and log-probs
 // are those of eager decoding within float rounding. No effect on the CPU.
 func (p *Policy) SetCUDAGraphs(on bool) error {
-	v := C.int32_t(0)
-	if on {
-		v = 1
-	}
 	return p.call(context.Background(), func(h *C.rc_policy) error {
 		var msg *C.char
-		return status(C.rc_policy_set_cuda_graphs(h, v, &msg), msg)
+		return status(C.rc_policy_set_cuda_graphs(h, cBool(on), &msg), msg)
 	})
 }
 
@@ -302,15 +302,11 @@ type DeviceMemoryStats struct {
 // in builds without CUDA.
 func DeviceMemory(device string, resetPeak bool) (DeviceMemoryStats, error) {
 	var out [4]C.int64_t
-	reset := C.int32_t(0)
-	if resetPeak {
-		reset = 1
-	}
 	err := do(context.Background(), func() error {
 		d := C.CString(device)
 		defer C.free(unsafe.Pointer(d))
 		var msg *C.char
-		return status(C.rc_device_memory(d, reset, &out[0], &msg), msg)
+		return status(C.rc_device_memory(d, cBool(resetPeak), &out[0], &msg), msg)
 	})
 	return DeviceMemoryStats{Allocated: int64(out[0]), PeakAllocated: int64(out[1]), Reserved: int64(out[2]), PeakReserved: int64(out[3])}, err
 }
@@ -390,11 +386,7 @@ func (p *Policy) InitRandom(seed uint64, std float64) error {
 func (p *Policy) SetTrainable(on bool) error {
 	return p.call(context.Background(), func(h *C.rc_policy) error {
 		var msg *C.char
-		v := C.int32_t(0)
-		if on {
-			v = 1
-		}
-		return status(C.rc_policy_set_trainable(h, v, &msg), msg)
+		return status(C.rc_policy_set_trainable(h, cBool(on), &msg), msg)
 	})
 }
 
