@@ -200,3 +200,23 @@ func TestWordSpan(t *testing.T) {
 		}
 	}
 }
+
+// wordSpan reads pool replies and what the policy wrote: any bytes. It
+// ends, finds only substrings, and a span that ends at a word's end
+// (whole) also starts at a word's start (not whole).
+func FuzzWordSpan(f *testing.F) {
+	f.Add("The answer is Mercedes-Benz.", "Mer", false)
+	f.Add("Hugh S. Johnson", "Hugh S", true)
+	f.Add("Français", "Fran", true)
+	f.Add("", "", true)
+	f.Add("ab\xffcd", "\xff", false)
+	f.Fuzz(func(t *testing.T, text, span string, whole bool) {
+		got := wordSpan(text, span, whole)
+		if got && !strings.Contains(text, span) {
+			t.Fatalf("wordSpan(%q, %q, %v): true for a span the text does not hold", text, span, whole)
+		}
+		if whole && got && !wordSpan(text, span, false) {
+			t.Fatalf("wordSpan(%q, %q): a whole-word span that does not start at a word", text, span)
+		}
+	})
+}
