@@ -272,7 +272,11 @@ func (c *Config) PlanMemory(o MemoryOptions) MemoryPlan {
 	// sampling buffers. libtorch's kernels (bfloat16, CUDA) also hold a
 	// prompt's float32 attention scores and their probabilities.
 	rows, capacity, prompt := int64(max(o.RolloutRows, 0)), int64(max(o.Capacity, 0)), int64(max(o.PromptLen, 0))
-	kv := L * 2 * rows * kvh * capacity * hd * es
+	columns := capacity
+	if o.CUDA && capacity > 0 { // a scratch column, the columns a multiple of 64 (rc_cache_new)
+		columns = (capacity + 1 + 63) / 64 * 64
+	}
+	kv := L * 2 * rows * kvh * columns * hd * es
 	decode := rows * prompt * (4*H + 2*qd + 2*kd + 2*I) * 4
 	decode += rows * V * 4 * 3
 	if o.CUDA || es != 4 {

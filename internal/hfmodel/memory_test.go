@@ -50,7 +50,7 @@ func TestPlanMemoryQwen3BByHand(t *testing.T) {
 	want := map[string]map[string]int64{
 		"rollout": {
 			// 36 layers × K and V × 64 rows × 2 heads × 2,048 positions × 128 × 2 bytes
-			"KV cache": 36 * 2 * 64 * 2 * 2048 * 128 * 2,
+			"KV cache": 36 * 2 * 64 * 2 * 2112 * 128 * 2, // 2,048 positions, a scratch column, rounded up to 64 (on a GPU)
 			// per prompt token (4·2048 + 2·2048 + 2·256 + 2·11008) float32s, 3 float32
 			// vocabularies per row, a prompt's scores in float32 and bfloat16
 			"decode workspace": 64*512*(4*2048+2*2048+2*256+2*11008)*4 + 64*151936*4*3 + 64*16*512*512*6,
