@@ -300,9 +300,9 @@ void sync_blas_threads() {
 // The choice of each row's next token from logits [n, vocab] (float32, on
 // the policy's device), after rc_cache_extend's forward pass (c's lengths
 // already advanced): bans, greedy or sampled, and the results copied out.
-void choose_and_report(rc_cache& cc, int64_t n, const int64_t* rows, const Tensor& logits, const rc_sample_opts* so,
-                       uint64_t gen_seed, int32_t* out_tokens, float* out_logp, float* out_logits) {
-  auto* c = &cc;
+void choose_and_report(const rc_cache& c, int64_t n, const int64_t* rows, const Tensor& logits,
+                       const rc_sample_opts* so, uint64_t gen_seed, int32_t* out_tokens, float* out_logp,
+                       float* out_logits) {
   auto dev = logits.device();
   // Banned tokens (router.no_repeat_ngram) are excluded from the choice,
   // greedy or sampled; out_logp stays the unbanned distribution's, like
@@ -352,7 +352,7 @@ void choose_and_report(rc_cache& cc, int64_t n, const int64_t* rows, const Tenso
     // global row) whatever the number of data-parallel ranks.
     auto probs = torch::softmax(l, -1);
     std::vector<float> u(n);
-    for (int64_t i = 0; i < n; i++) u[i] = recal::row_uniform(gen_seed, (uint64_t)(so->row_base + rows[i]), c->len[rows[i]]);
+    for (int64_t i = 0; i < n; i++) u[i] = recal::row_uniform(gen_seed, (uint64_t)(so->row_base + rows[i]), c.len[rows[i]]);
     auto cum = probs.cumsum(-1);
     auto target = torch::from_blob(u.data(), {n, 1}, torch::kFloat32).to(dev) * cum.narrow(1, cum.size(1) - 1, 1);
     next = torch::searchsorted(cum, target, /*out_int32=*/false, /*right=*/true).squeeze(1).clamp_max(cum.size(1) - 1);

@@ -69,8 +69,9 @@ func NewRandomPolicy(cfg *hfmodel.Config, opts torchbridge.Options) (*torchbridg
 }
 
 // Measure times the workload on p with timer: prefill, decode at each of
-// o.Batches (1 and 64 by default), then the train step (which updates p's weights). Tokens are drawn from
-// p's vocabulary with seed 1, so every run feeds the same tokens.
+// o.Batches (1 and 64 by default), then, unless o.NoTrain, the train step
+// (which updates p's weights). Tokens are drawn from p's vocabulary with
+// seed 1, so every run feeds the same tokens.
 func Measure(ctx context.Context, p *torchbridge.Policy, timer Timer, o Options) (Rates, error) {
 	vocab := p.Config().VocabSize
 	r := rand.New(rand.NewSource(1))

@@ -90,11 +90,10 @@ func main() {
 			v = *fullVocab
 		}
 		o := engine.Options{Batches: batches, NoTrain: skip[m]}
-		r, err := measure(m, torchbridge.Options{Device: *device, DType: *dtype, EagerDecode: *eager}, v, *minTime, o)
+		r, err := measure(m, torchbridge.Options{Device: *device, DType: *dtype, EagerDecode: *eager}, v, *minTime, o, *bandwidth)
 		if err != nil {
 			fail(fmt.Errorf("%s: %w", m, err))
 		}
-		r.Bound = bounds(r.Vocab, m, *dtype, batches, *bandwidth)
 		b, _ := json.Marshal(r)
 		fmt.Println(string(b))
 	}
@@ -141,7 +140,7 @@ func config(model string, vocab int64) (*hfmodel.Config, error) {
 	return hfmodel.Preset(preset, vocab)
 }
 
-func measure(model string, opts torchbridge.Options, vocab int64, minTime time.Duration, o engine.Options) (result, error) {
+func measure(model string, opts torchbridge.Options, vocab int64, minTime time.Duration, o engine.Options, bandwidth float64) (result, error) {
 	cfg, err := config(model, vocab)
 	if err != nil {
 		return result{}, err
@@ -155,7 +154,8 @@ func measure(model string, opts torchbridge.Options, vocab int64, minTime time.D
 	if err != nil {
 		return result{}, err
 	}
-	res := result{Device: opts.Device, DType: opts.DType, Model: model, Vocab: vocab, Params: cfg.NumParams(), Rates: rates, Eager: opts.EagerDecode}
+	res := result{Device: opts.Device, DType: opts.DType, Model: model, Vocab: vocab, Params: cfg.NumParams(), Rates: rates,
+		Eager: opts.EagerDecode, Bound: bounds(cfg, opts.DType, o.Batches, bandwidth)}
 	if gs, err := p.GraphStats(); err == nil && (gs.Captures > 0 || gs.Error != "") {
 		res.Graphs = &gs
 	}
@@ -165,11 +165,7 @@ func measure(model string, opts torchbridge.Options, vocab int64, minTime time.D
 // bounds are the decode batches' memory-bandwidth bounds in tokens/s: per
 // step every weight is read once and each row's keys and values once, at
 // the workload's mean context (its prompt and half its steps).
-func bounds(vocab int64, model, dtype string, batches []int, bandwidth float64) map[string]float64 {
-	cfg, err := config(model, vocab)
-	if err != nil {
-		return nil
-	}
+func bounds(cfg *hfmodel.Config, dtype string, batches []int, bandwidth float64) map[string]float64 {
 	size := 4.0
 	if dtype == "bfloat16" {
 		size = 2
