@@ -509,6 +509,9 @@ func TestGraphSettingsWithoutGPU(t *testing.T) {
 	if gs != (torchbridge.GraphStats{}) {
 		t.Errorf("CPU decoding reported CUDA graphs: %+v", gs)
 	}
+	if _, err := torchbridge.DeviceMemory("no-such-device:x", true); err == nil {
+		t.Error("DeviceMemory of a malformed device name succeeded")
+	}
 	for _, dev := range []string{"cpu", "cuda"} {
 		_, err := torchbridge.DeviceMemory(dev, false)
 		if err == nil {
