@@ -124,6 +124,9 @@ type Engine struct {
 
 	closeToks map[string][]int32 // "</think>", "</search>", "</answer>" encoded
 	names     []string           // the pool's model names (router.search_names)
+	// router.call_first: the tokens that write "<a", and those that start
+	// with "a" (banned after a lone "<").
+	openA, startA []int32
 
 	replies chan reply    // pool calls' results; one in flight per row at most
 	wake    chan struct{} // a submission arrived
@@ -217,11 +220,23 @@ func NewEngine(dec Decoder, tok Tokenizer, pool Pool, cfg Config, opt EngineOpti
 			names = append(names, m.Name)
 		}
 	}
+	var openA, startA []int32
+	if cfg.CallFirst {
+		for id := range dec.(VocabDecoder).Vocab() {
+			b := tok.TokenBytes(id)
+			if bytes.Contains(b, []byte("<a")) {
+				openA = append(openA, int32(id))
+			}
+			if len(b) > 0 && b[0] == 'a' {
+				startA = append(startA, int32(id))
+			}
+		}
+	}
 	closeToks := map[string][]int32{}
 	for _, c := range []string{ThinkClose, SearchClose, AnswerClose} {
 		closeToks[c] = toInt32(tok.Encode(c))
 	}
-	return &Engine{dec: dec, tok: tok, pool: pool, cfg: cfg, opt: opt, closeToks: closeToks, names: names,
+	return &Engine{dec: dec, tok: tok, pool: pool, cfg: cfg, opt: opt, closeToks: closeToks, names: names, openA: openA, startA: startA,
 		replies: make(chan reply, opt.Rows), wake: make(chan struct{}, 1),
 		slots: make([]*Pending, opt.Rows), dirty: make([]bool, opt.Rows), slowest: map[int]time.Duration{}}, nil
 }
@@ -526,6 +541,9 @@ func (e *Engine) extend(ctx context.Context, ps []*Pending, s generate.Sampling,
 			if span[k] == nil && e.cfg.SearchNames {
 				span[k] = e.nameBan(p)
 			}
+			if span[k] == nil && e.cfg.CallFirst {
+				span[k] = e.callBan(p)
+			}
 		}
 	}
 	if n := e.cfg.NoRepeatNGram; n > 0 {
@@ -648,6 +666,27 @@ func (e *Engine) extend(ctx context.Context, ps []*Pending, s generate.Sampling,
 		e.finish(p, nil)
 	}
 	return nil
+}
+
+// callBan is what router.call_first bans for p's next token: nil once p
+// holds a reply or may call no more, else the tokens that would write
+// "<a", the start of <answer> (after a lone "<", every token that starts
+// with "a"). nil when that is no token of the vocabulary.
+func (e *Engine) callBan(p *Pending) []int32 {
+	if len(p.out.Calls) > 0 || p.callsMade >= p.maxTurns {
+		return nil
+	}
+	text := p.turnText
+	if i := bytes.LastIndexByte(text, '>'); i >= 0 {
+		text = text[i+1:]
+	}
+	if len(text) > 0 && text[len(text)-1] == '<' {
+		return append(slices.Clone(e.startA), e.openA...)
+	}
+	if len(e.openA) == 0 {
+		return nil
+	}
+	return e.openA
 }
 
 // spanBan is what router.answer_span bans for p's next token: nil when
@@ -780,7 +819,11 @@ func wordSpan(text, span string, whole bool) bool {
 		before, _ := utf8.DecodeLastRuneInString(text[:i])
 		after, _ := utf8.DecodeRuneInString(text[i+len(span):])
 		first, _ := utf8.DecodeRuneInString(span)
-		if (i == 0 || !word(before) || !word(first)) && (!whole || i+len(span) == len(text) || !word(after)) {
+		end := i + len(span)
+		// A span starts at a character's first byte, and a whole one ends
+		// at a character's end: half of "ā" is no answer.
+		if (i == len(text) || utf8.RuneStart(text[i])) && (i == 0 || !word(before) || !word(first)) &&
+			(!whole || end == len(text) || (utf8.RuneStart(text[end]) && !word(after))) {
 			return true
 		}
 		_, n := utf8.DecodeRuneInString(text[i:])
@@ -809,8 +852,9 @@ func (e *Engine) closing(turn []byte) ([]int32, string) {
 // answers of an older engine are not reused. 1 (unnamed): before
 // 2026-11-23; 2: the KV cache holds each <search> turn's last token; 3:
 // float32 policies on the CPU decode by the bridge's row-invariant kernels
-// (other roundings than libtorch's).
-const EngineVersion = 3
+// (other roundings than libtorch's); 4: router.answer_span's spans start
+// and end at character boundaries.
+const EngineVersion = 4
 
 // call starts the pool call of a <search> turn on its own goroutine.
 func (e *Engine) call(p *Pending, a Action) {

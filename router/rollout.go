@@ -62,10 +62,20 @@ type Config struct {
 	// policy's. Needs a pool that lists its models, and a decoder as
 	// AnswerSpan's. false = off.
 	SearchNames bool `toml:"search_names"`
+	// CallFirst keeps the policy from answering before a pool call has
+	// answered: until the response holds a reply, no token may write
+	// "<a" (the start of <answer>, the only protocol tag that begins so),
+	// so the policy routes before it answers. A policy that knows nothing
+	// of its own (one trained from scratch) otherwise answers some
+	// unfamiliar questions directly with words of no meaning. A reply that
+	// is an error or a refusal counts; with no call left (max_turns) the
+	// policy answers freely. Log-probabilities stay the unconstrained
+	// policy's. Needs a decoder as AnswerSpan's. false = off.
+	CallFirst bool `toml:"call_first"`
 }
 
 // constrains reports whether a decoding constraint of the protocol is on.
-func (c Config) constrains() bool { return c.AnswerSpan || c.SearchNames }
+func (c Config) constrains() bool { return c.AnswerSpan || c.SearchNames || c.CallFirst }
 
 // What router.on_repeat may be.
 const (
@@ -89,7 +99,7 @@ func (c Config) checkDecoder(dec any) error {
 		return fmt.Errorf("router.no_repeat_ngram = %d needs a decoder that can ban tokens (%T cannot)", c.NoRepeatNGram, dec)
 	}
 	if _, vocab := dec.(VocabDecoder); c.constrains() && (!ban || !vocab) {
-		return fmt.Errorf("router.answer_span and router.search_names need a decoder that can ban tokens and knows its vocabulary (%T cannot)", dec)
+		return fmt.Errorf("router.answer_span, router.search_names and router.call_first need a decoder that can ban tokens and knows its vocabulary (%T cannot)", dec)
 	}
 	return nil
 }
@@ -189,7 +199,8 @@ type Sample struct {
 	// policy when its copy began to loop.
 	Closed int
 	// Constrained lists the indices into Tokens of the policy's tokens
-	// chosen under router.answer_span or router.search_names. Their Logp
+	// chosen under router.answer_span, router.search_names or
+	// router.call_first. Their Logp
 	// is the unconstrained policy's, which can lie far below what the
 	// constrained choice gave them (a name completed that the policy meant
 	// to write otherwise); PPO leaves them out of its per-token KL penalty,

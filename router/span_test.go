@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/recal-project/recal/generate"
 	"github.com/recal-project/recal/llmpool"
@@ -194,6 +195,10 @@ func TestWordSpan(t *testing.T) {
 		{"thirty-three thousand", "thirty-", true, false},
 		{"thirty-three thousand", "thirty-three", true, true},
 		{"", "x", false, false},
+		{"The answer is Irān.", "Ir\xc4", false, true}, // a token may end inside "ā" while the span goes on
+		{"The answer is Irān.", "Ir\xc4", true, false}, // but the answer may not
+		{"The answer is Irān.", "Irān", true, true},
+		{"The answer is Irān.", "\x81n", false, false}, // nor start inside it
 	} {
 		if got := wordSpan(c.text, c.span, c.whole); got != c.want {
 			t.Errorf("wordSpan(%q, %q, %v) = %v, want %v", c.text, c.span, c.whole, got, c.want)
@@ -218,5 +223,117 @@ func FuzzWordSpan(f *testing.F) {
 		if whole && got && !wordSpan(text, span, false) {
 			t.Fatalf("wordSpan(%q, %q): a whole-word span that does not start at a word", text, span)
 		}
+		if whole && got && utf8.ValidString(text) && !utf8.ValidString(span) {
+			t.Fatalf("wordSpan(%q, %q): a whole-word span that cuts a character", text, span)
+		}
 	})
+}
+
+// preferring follows the first of its scripts that the tokens written so
+// far begin and whose next token is not banned (a policy's first choice,
+// then its next), and after a reply its answer script.
+type preferring struct {
+	tok     Tokenizer
+	vocab   int
+	eos     int32
+	scripts []string
+	answer  string
+	written map[int][]int32
+	replied map[int]bool
+	queue   map[int][]int32
+}
+
+func (p *preferring) Vocab() int { return p.vocab }
+
+func (p *preferring) Extend(ctx context.Context, rows []int, toks [][]int32, s generate.Sampling, seed uint64) ([]int32, []float32, error) {
+	return p.ExtendBanned(ctx, rows, toks, s, seed, make([][]int32, len(rows)))
+}
+
+func (p *preferring) ExtendBanned(_ context.Context, rows []int, toks [][]int32, _ generate.Sampling, _ uint64, ban [][]int32) ([]int32, []float32, error) {
+	next := make([]int32, len(rows))
+	for k, r := range rows {
+		if len(toks[k]) > 1 && p.written[r] != nil { // the reply's block
+			p.replied[r] = true
+			p.queue[r] = toInt32(p.tok.Encode(p.answer))
+		}
+		if p.written[r] == nil {
+			p.written[r] = []int32{}
+		}
+		next[k] = p.eos
+		switch {
+		case p.replied[r]:
+			if len(p.queue[r]) > 0 {
+				next[k], p.queue[r] = p.queue[r][0], p.queue[r][1:]
+			}
+		default:
+			w := p.written[r]
+			for _, sc := range p.scripts {
+				ids := toInt32(p.tok.Encode(sc))
+				if len(ids) > len(w) && slices.Equal(ids[:len(w)], w) && !slices.Contains(ban[k], ids[len(w)]) {
+					next[k] = ids[len(w)]
+					break
+				}
+			}
+			p.written[r] = append(w, next[k])
+		}
+	}
+	return next, make([]float32, len(rows)), nil
+}
+
+// router.call_first: a policy that would answer at once calls first (its
+// next choice after "<"), then answers; the tokens chosen under the ban
+// are listed as constrained and come before the call's reply. Off, or
+// with no call left to make (max_turns = 0), it answers directly.
+func TestCallFirst(t *testing.T) {
+	tok := loadTok(t)
+	pool := simPool(t, 0)
+	q := llmpool.Question{ID: "nq/1", Dataset: "nq", Text: "capital of France?", Golden: []string{"Paris"}}
+	eos := []int32{int32(tok.EOS())}
+	for _, c := range []struct {
+		name      string
+		on        bool
+		maxTurns  int
+		wantCalls int
+		answer    string
+	}{
+		{"off", false, 1, 0, "Lyon"},
+		{"on", true, 1, 1, "Paris"},
+		{"on, no call left", true, 0, 0, "Lyon"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dec := &preferring{tok: tok, vocab: tok.VocabSize(), eos: eos[0],
+				scripts: []string{"<think>a</think>\n<answer> Lyon</answer>", "<think>a</think>\n<search>sim-a: capital of France?</search>"},
+				answer:  "<answer> Paris</answer>", written: map[int][]int32{}, replied: map[int]bool{}, queue: map[int][]int32{}}
+			cfg := Config{MaxTurns: c.maxTurns, TurnTokens: 40, InfoTokens: 32, CallFirst: c.on}
+			out, _, err := Rollout(context.Background(), dec, tok, pool, cfg, []Job{{Question: q, Prompt: []int32{1, 2, 3}}}, generate.Sampling{}, eos, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := out[0]
+			if len(s.Calls) != c.wantCalls {
+				t.Fatalf("%d calls, want %d (response %q)", len(s.Calls), c.wantCalls, s.Text)
+			}
+			if a, _ := LastAnswer(s.Text); a != c.answer {
+				t.Errorf("answer %q, want %q (response %q)", a, c.answer, s.Text)
+			}
+			if !c.on || c.wantCalls == 0 {
+				if len(s.Constrained) != 0 {
+					t.Errorf("%d tokens listed as constrained, want none", len(s.Constrained))
+				}
+				return
+			}
+			// The ban was on until the reply: every policy token before the
+			// reply's block is constrained, none after it.
+			block := slices.Index(s.Mask, 0)
+			want := 0
+			for j := range block {
+				if s.Mask[j] == 1 {
+					want++
+				}
+			}
+			if len(s.Constrained) != want || (want > 0 && s.Constrained[len(s.Constrained)-1] >= block) {
+				t.Errorf("constrained %v, want the %d policy tokens before the reply (at %d)", s.Constrained, want, block)
+			}
+		})
+	}
 }
