@@ -43,8 +43,12 @@ type Demo struct {
 // the question itself, and writes the demonstration: think, search, the
 // reply as information, answer.
 // The answer is the golden answer the reply contains, else the reply's text
-// after "answer is", else its first words. The mask is 1 on the think and
-// search turn and answerWeight on the answer turn (0 on prompt and reply).
+// after "answer is". A reply with neither (a real model's wrong prose, a
+// pool error) has no answer to copy, and its demonstration ends after the
+// reply: imitating its first words would teach the policy to copy a reply
+// from its start, which no right answer of a reply that states one ("The
+// answer is X.") is. The mask is 1 on the think and search turn and
+// answerWeight on the answer turn (0 on prompt and reply).
 func BuildDemos(ctx context.Context, env *rollout.Env, qs []data.Example, seed int64, answerWeight float32) ([]Demo, error) {
 	models := env.Pool.Models()
 	if len(models) == 0 {
@@ -82,7 +86,7 @@ func BuildDemos(ctx context.Context, env *rollout.Env, qs []data.Example, seed i
 	var out []Demo
 	for i, q := range qs {
 		prompt := prompts[i]
-		answer, correct := demoAnswer(replies[i].Text, q.Golden)
+		answer, correct, stated := demoAnswer(replies[i].Text, q.Golden)
 		// The question, the reply and the answer drawn from it are plain
 		// text: "<|im_end|>" in them is never a control token.
 		turn1 := rollout.ToInt32(tok.EncodeSegments(tokenizer.Segment{Text: router.ThinkOpen + demoThinkSearch + router.ThinkClose + "\n" + router.SearchOpen + reqs[i].Model + ": "},
@@ -92,7 +96,10 @@ func BuildDemos(ctx context.Context, env *rollout.Env, qs []data.Example, seed i
 		// after "The answer is", so answering is copying tokens, not
 		// mapping each to its space-less twin (which a small policy cannot
 		// do for words it has not seen as the first of an answer).
-		turn2 := rollout.ToInt32(tok.EncodeSegments(tokenizer.Segment{Text: router.AnswerOpen + " "}, tokenizer.Segment{Text: answer, Plain: true}, tokenizer.Segment{Text: router.AnswerClose}))
+		var turn2 []int32
+		if stated {
+			turn2 = rollout.ToInt32(tok.EncodeSegments(tokenizer.Segment{Text: router.AnswerOpen + " "}, tokenizer.Segment{Text: answer, Plain: true}, tokenizer.Segment{Text: router.AnswerClose}))
+		}
 		d := Demo{Correct: correct}
 		d.Tokens = append(append(append(append(d.Tokens, prompt...), turn1...), info...), turn2...)
 		d.Mask = make([]float32, len(d.Tokens))
@@ -107,22 +114,26 @@ func BuildDemos(ctx context.Context, env *rollout.Env, qs []data.Example, seed i
 	return out, nil
 }
 
-func demoAnswer(reply string, golden []string) (string, bool) {
+// demoAnswer is a demonstration's answer to reply: the golden answer it
+// contains (correct), else its text after the last "answer is", cut to 8
+// words (stated), else nothing to copy ("", false, false).
+func demoAnswer(reply string, golden []string) (answer string, correct, stated bool) {
 	norm := " " + data.Normalize(reply) + " "
 	for _, g := range golden {
 		if n := data.Normalize(g); n != "" && strings.Contains(norm, " "+n+" ") {
-			return g, true
+			return g, true, true
 		}
 	}
 	text := strings.TrimSpace(reply)
-	if k := strings.LastIndex(strings.ToLower(text), "answer is"); k >= 0 {
-		text = strings.TrimSpace(text[k+len("answer is"):])
+	k := strings.LastIndex(strings.ToLower(text), "answer is")
+	if k < 0 {
+		return "", false, false
 	}
-	text = strings.TrimRight(text, ".")
+	text = strings.TrimRight(strings.TrimSpace(text[k+len("answer is"):]), ".")
 	if w := strings.Fields(text); len(w) > 8 {
 		text = strings.Join(w[:8], " ")
 	}
-	return text, false
+	return text, false, true
 }
 
 // SFTLine is one line of sft.jsonl (the warm-up's, and SFT-direct's).

@@ -24,6 +24,7 @@ import (
 	"github.com/recal-project/recal/internal/testenv"
 	"github.com/recal-project/recal/internal/testpolicy"
 	"github.com/recal-project/recal/rollout"
+	"github.com/recal-project/recal/router"
 	"github.com/recal-project/recal/torchbridge"
 	"github.com/recal-project/recal/trainer"
 )
@@ -326,6 +327,41 @@ func TestDemoAnswerWeight(t *testing.T) {
 		first := span[len(eng.Tok.Encode("<answer>"))]
 		if !slices.Contains(p.Tokens[:len(p.Tokens)-len(span)], int32(first)) {
 			t.Errorf("demo %d: the answer's first token %q is not in the prompt or the reply", i, eng.Tok.Decode([]int{first}))
+		}
+	}
+
+	// A reply that states no answer (here every call fails: "[pool error:
+	// …]") gives none to copy: the demonstration ends with the reply, and
+	// only its think and search turn train.
+	failing := testConfig(t, ck, "router.info_tokens=32")
+	for i := range failing.Pool.Models {
+		failing.Pool.Models[i].Sim.FailureRate = 1
+	}
+	fenv, err := rollout.NewEnv(failing, eng, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fenv.Close()
+	failed, err := trainer.BuildDemos(ctx, fenv, qs, 7, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, d := range failed {
+		ids := make([]int, len(d.Tokens))
+		for k, v := range d.Tokens {
+			ids[k] = int(v)
+		}
+		text := eng.Tok.Decode(ids)
+		if !strings.HasSuffix(strings.TrimSpace(text), router.InfoClose) || !strings.Contains(text, "pool error") {
+			t.Errorf("demo %d of a failed call: %q, want it to end with the error's information block", i, text)
+		}
+		for k, m := range d.Mask {
+			if m != 0 && m != 1 {
+				t.Errorf("demo %d of a failed call: token %d weighs %v, want no answer turn", i, k, m)
+			}
+		}
+		if slices.Index(d.Mask, 1) < 0 {
+			t.Errorf("demo %d of a failed call trains nothing, want its think and search turn", i)
 		}
 	}
 }
