@@ -107,8 +107,9 @@ var inputParts = map[string]func(s Setup) (any, error){
 			AnswerSpan                       bool   `json:",omitempty"`
 			SearchNames                      bool   `json:",omitempty"`
 			CallFirst                        bool   `json:",omitempty"`
+			MatchClose                       bool   `json:",omitempty"`
 			Engine                           int    `json:",omitempty"`
-		}{rc.MaxTurns, rc.TurnTokens, rc.InfoTokens, tmpl, rc.NoRepeatNGram, onRepeat, rc.AnswerSpan, rc.SearchNames, rc.CallFirst, router.EngineVersion}, nil
+		}{rc.MaxTurns, rc.TurnTokens, rc.InfoTokens, tmpl, rc.NoRepeatNGram, onRepeat, rc.AnswerSpan, rc.SearchNames, rc.CallFirst, rc.MatchClose, router.EngineVersion}, nil
 	},
 	// pool: the models as configured, less the settings that change how
 	// calls are made but not what they answer.

@@ -127,6 +127,8 @@ type Engine struct {
 	// router.call_first: the tokens that write "<a", and those that start
 	// with "a" (banned after a lone "<").
 	openA, startA []int32
+	// router.match_close: the tokens that hold "</".
+	closers []int32
 
 	replies chan reply    // pool calls' results; one in flight per row at most
 	wake    chan struct{} // a submission arrived
@@ -232,11 +234,19 @@ func NewEngine(dec Decoder, tok Tokenizer, pool Pool, cfg Config, opt EngineOpti
 			}
 		}
 	}
+	var closers []int32
+	if cfg.MatchClose {
+		for id := range dec.(VocabDecoder).Vocab() {
+			if bytes.Contains(tok.TokenBytes(id), []byte("</")) {
+				closers = append(closers, int32(id))
+			}
+		}
+	}
 	closeToks := map[string][]int32{}
 	for _, c := range []string{ThinkClose, SearchClose, AnswerClose} {
 		closeToks[c] = toInt32(tok.Encode(c))
 	}
-	return &Engine{dec: dec, tok: tok, pool: pool, cfg: cfg, opt: opt, closeToks: closeToks, names: names, openA: openA, startA: startA,
+	return &Engine{dec: dec, tok: tok, pool: pool, cfg: cfg, opt: opt, closeToks: closeToks, names: names, openA: openA, startA: startA, closers: closers,
 		replies: make(chan reply, opt.Rows), wake: make(chan struct{}, 1),
 		slots: make([]*Pending, opt.Rows), dirty: make([]bool, opt.Rows), slowest: map[int]time.Duration{}}, nil
 }
@@ -531,9 +541,13 @@ func (e *Engine) extend(ctx context.Context, ps []*Pending, s generate.Sampling,
 	var next []int32
 	var logp []float32
 	var err error
-	var ban, span [][]int32
+	// span: what an answer span or a model name allows (every other token
+	// banned: no room for a loop); guard: the few tokens router.call_first
+	// and router.match_close ban, which leave the n-gram rule its work.
+	var ban, span, guard [][]int32
 	if e.cfg.constrains() {
 		span = make([][]int32, len(ps))
+		guard = make([][]int32, len(ps))
 		for k, p := range ps {
 			if e.cfg.AnswerSpan {
 				span[k] = e.spanBan(p)
@@ -541,8 +555,14 @@ func (e *Engine) extend(ctx context.Context, ps []*Pending, s generate.Sampling,
 			if span[k] == nil && e.cfg.SearchNames {
 				span[k] = e.nameBan(p)
 			}
-			if span[k] == nil && e.cfg.CallFirst {
-				span[k] = e.callBan(p)
+			if e.cfg.CallFirst {
+				guard[k] = e.callBan(p)
+			}
+			if e.cfg.MatchClose {
+				guard[k] = append(guard[k], e.closeBan(p)...)
+			}
+			if len(guard[k]) == 0 {
+				guard[k] = nil
 			}
 		}
 	}
@@ -567,17 +587,23 @@ func (e *Engine) extend(ctx context.Context, ps []*Pending, s generate.Sampling,
 	closeLoops := ban != nil && !e.cfg.bans()
 	// What the decoder bans per row: a protocol constraint's (an answer
 	// span or a model name, which leave no room for a loop), else the
-	// n-gram rule's bans unless it closes loops instead.
+	// n-gram rule's bans unless it closes loops instead; and the guards'.
 	send := ban
 	if closeLoops {
 		send = nil
 	}
 	for k := range span {
-		if span[k] != nil {
-			if send == nil {
-				send = make([][]int32, len(ps))
-			}
-			send[k] = span[k]
+		if span[k] == nil && guard[k] == nil {
+			continue
+		}
+		if send == nil {
+			send = make([][]int32, len(ps))
+		}
+		switch {
+		case span[k] != nil:
+			send[k] = append(slices.Clip(span[k]), guard[k]...)
+		default:
+			send[k] = append(slices.Clip(send[k]), guard[k]...)
 		}
 	}
 	if send != nil {
@@ -618,7 +644,7 @@ func (e *Engine) extend(ctx context.Context, ps []*Pending, s generate.Sampling,
 			// its own copy: fold appends the reply block to the feed
 			fed, looped = slices.Clone(closing), false // after </think> the turn goes on
 		} else {
-			if span != nil && span[k] != nil {
+			if span != nil && (span[k] != nil || guard[k] != nil) {
 				o.Constrained = append(o.Constrained, len(o.Tokens))
 			}
 			o.Tokens = append(o.Tokens, t)
@@ -686,7 +712,55 @@ func (e *Engine) callBan(p *Pending) []int32 {
 	if len(e.openA) == 0 {
 		return nil
 	}
-	return e.openA
+	return slices.Clip(e.openA) // appended to (router.match_close): never into e.openA
+}
+
+// closeBan is what router.match_close bans for p's next token: nil when
+// no tag is open at the end of p's turn, else the tokens that would write
+// a closing tag other than the open tag's own (what follows a "</" must
+// spell the rest of it). Only tokens that hold "</", or any token after an
+// unfinished "<" or "</…", can do so.
+func (e *Engine) closeBan(p *Pending) []int32 {
+	_, want := e.closing(p.turnText)
+	if want == "" {
+		return nil
+	}
+	tail := ""
+	if i := bytes.LastIndexByte(p.turnText, '<'); i >= 0 && bytes.IndexByte(p.turnText[i:], '>') < 0 {
+		tail = string(p.turnText[i:])
+	}
+	bad := func(id int32) bool {
+		w := tail + string(e.tok.TokenBytes(int(id)))
+		for off := 0; ; {
+			i := strings.Index(w[off:], "</")
+			if i < 0 {
+				return false
+			}
+			c := w[off+i:]
+			if !strings.HasPrefix(want, c) && !strings.HasPrefix(c, want) {
+				return true
+			}
+			off += i + len(want)
+			if off >= len(w) {
+				return false
+			}
+		}
+	}
+	var ban []int32
+	if tail == "" {
+		for _, id := range e.closers {
+			if bad(id) {
+				ban = append(ban, id)
+			}
+		}
+		return ban
+	}
+	for id := range e.dec.(VocabDecoder).Vocab() {
+		if bad(int32(id)) {
+			ban = append(ban, int32(id))
+		}
+	}
+	return ban
 }
 
 // spanBan is what router.answer_span bans for p's next token: nil when
@@ -853,8 +927,10 @@ func (e *Engine) closing(turn []byte) ([]int32, string) {
 // 2026-11-23; 2: the KV cache holds each <search> turn's last token; 3:
 // float32 policies on the CPU decode by the bridge's row-invariant kernels
 // (other roundings than libtorch's); 4: router.answer_span's spans start
-// and end at character boundaries.
-const EngineVersion = 4
+// and end at character boundaries; 5: router.call_first's ban no longer
+// turns off router.on_repeat = "close" for the row (a full vocabulary has
+// tokens holding "<a").
+const EngineVersion = 5
 
 // call starts the pool call of a <search> turn on its own goroutine.
 func (e *Engine) call(p *Pending, a Action) {

@@ -72,10 +72,20 @@ type Config struct {
 	// policy answers freely. Log-probabilities stay the unconstrained
 	// policy's. Needs a decoder as AnswerSpan's. false = off.
 	CallFirst bool `toml:"call_first"`
+	// MatchClose keeps closing tags matched: inside an open <think>,
+	// <search> or <answer>, a closing tag the policy writes can only be
+	// that tag's own ("</" then "think>" in <think>). A policy trained from
+	// scratch otherwise sometimes closes <think> with </answer> or
+	// </search> on an unfamiliar question, and the turn ends with no
+	// action. Log-probabilities stay the unconstrained policy's. Needs a
+	// decoder as AnswerSpan's. false = off.
+	MatchClose bool `toml:"match_close"`
 }
 
 // constrains reports whether a decoding constraint of the protocol is on.
-func (c Config) constrains() bool { return c.AnswerSpan || c.SearchNames || c.CallFirst }
+func (c Config) constrains() bool {
+	return c.AnswerSpan || c.SearchNames || c.CallFirst || c.MatchClose
+}
 
 // What router.on_repeat may be.
 const (
@@ -99,7 +109,7 @@ func (c Config) checkDecoder(dec any) error {
 		return fmt.Errorf("router.no_repeat_ngram = %d needs a decoder that can ban tokens (%T cannot)", c.NoRepeatNGram, dec)
 	}
 	if _, vocab := dec.(VocabDecoder); c.constrains() && (!ban || !vocab) {
-		return fmt.Errorf("router.answer_span, router.search_names and router.call_first need a decoder that can ban tokens and knows its vocabulary (%T cannot)", dec)
+		return fmt.Errorf("router.answer_span, router.search_names, router.call_first and router.match_close need a decoder that can ban tokens and knows its vocabulary (%T cannot)", dec)
 	}
 	return nil
 }

@@ -337,3 +337,47 @@ func TestCallFirst(t *testing.T) {
 		})
 	}
 }
+
+// router.match_close: a policy that would close <think> with </answer>
+// writes </think> (its next choice) and goes on to call; off, its turn
+// ends with no action. The guard leaves router.on_repeat = "close" its
+// work: a sub-query that loops is still closed and called.
+func TestMatchClose(t *testing.T) {
+	tok := loadTok(t)
+	pool := simPool(t, 0)
+	q := llmpool.Question{ID: "nq/1", Dataset: "nq", Text: "capital of France?", Golden: []string{"Paris"}}
+	eos := []int32{int32(tok.EOS())}
+	search := "<think>a</think>\n<search>sim-a: capital of France?</search>"
+	for _, c := range []struct {
+		name      string
+		on        bool
+		scripts   []string
+		ngram     int
+		wantCalls int
+		closed    int
+	}{
+		{"off", false, []string{"<think>a</answer>", search}, 0, 0, 0},
+		{"on", true, []string{"<think>a</answer>", search}, 0, 1, 0},
+		{"on, a looping sub-query", true, []string{"<think>a</think>\n<search>sim-a: la la la la la la la la la la la la"}, 3, 1, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dec := &preferring{tok: tok, vocab: tok.VocabSize(), eos: eos[0], scripts: c.scripts,
+				answer: "<answer> Paris</answer>", written: map[int][]int32{}, replied: map[int]bool{}, queue: map[int][]int32{}}
+			cfg := Config{MaxTurns: 1, TurnTokens: 40, InfoTokens: 32, MatchClose: c.on, NoRepeatNGram: c.ngram, OnRepeat: OnRepeatClose}
+			out, _, err := Rollout(context.Background(), dec, tok, pool, cfg, []Job{{Question: q, Prompt: []int32{1, 2, 3}}}, generate.Sampling{}, eos, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := out[0]
+			if len(s.Calls) != c.wantCalls || s.Closed != c.closed {
+				t.Fatalf("%d calls and %d closed tags, want %d and %d (response %q)", len(s.Calls), s.Closed, c.wantCalls, c.closed, s.Text)
+			}
+			if c.wantCalls == 1 && !strings.Contains(s.Text, "<think>a</think>") {
+				t.Errorf("response %q, want <think> closed by its own tag", s.Text)
+			}
+			if a, _ := LastAnswer(s.Text); c.wantCalls == 1 && a != "Paris" {
+				t.Errorf("answer %q, want Paris (response %q)", a, s.Text)
+			}
+		})
+	}
+}
