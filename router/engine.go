@@ -127,8 +127,9 @@ type Engine struct {
 	// router.call_first: the tokens that write "<a", and those that start
 	// with "a" (banned after a lone "<").
 	openA, startA []int32
-	// router.match_close: the tokens that hold "</".
-	closers []int32
+	// router.match_close: the tokens that hold "</", and the others that
+	// start with "/" (which can write "</" after a lone "<").
+	closers, slashes []int32
 
 	replies chan reply    // pool calls' results; one in flight per row at most
 	wake    chan struct{} // a submission arrived
@@ -222,23 +223,22 @@ func NewEngine(dec Decoder, tok Tokenizer, pool Pool, cfg Config, opt EngineOpti
 			names = append(names, m.Name)
 		}
 	}
-	var openA, startA []int32
-	if cfg.CallFirst {
+	var openA, startA, closers, slashes []int32
+	if cfg.CallFirst || cfg.MatchClose {
 		for id := range dec.(VocabDecoder).Vocab() {
-			b := tok.TokenBytes(id)
-			if bytes.Contains(b, []byte("<a")) {
-				openA = append(openA, int32(id))
+			b, t := tok.TokenBytes(id), int32(id)
+			if cfg.CallFirst && bytes.Contains(b, []byte("<a")) {
+				openA = append(openA, t)
 			}
-			if len(b) > 0 && b[0] == 'a' {
-				startA = append(startA, int32(id))
+			if cfg.CallFirst && len(b) > 0 && b[0] == 'a' {
+				startA = append(startA, t)
 			}
-		}
-	}
-	var closers []int32
-	if cfg.MatchClose {
-		for id := range dec.(VocabDecoder).Vocab() {
-			if bytes.Contains(tok.TokenBytes(id), []byte("</")) {
-				closers = append(closers, int32(id))
+			switch {
+			case !cfg.MatchClose:
+			case bytes.Contains(b, []byte("</")):
+				closers = append(closers, t)
+			case len(b) > 0 && b[0] == '/':
+				slashes = append(slashes, t)
 			}
 		}
 	}
@@ -246,7 +246,7 @@ func NewEngine(dec Decoder, tok Tokenizer, pool Pool, cfg Config, opt EngineOpti
 	for _, c := range []string{ThinkClose, SearchClose, AnswerClose} {
 		closeToks[c] = toInt32(tok.Encode(c))
 	}
-	return &Engine{dec: dec, tok: tok, pool: pool, cfg: cfg, opt: opt, closeToks: closeToks, names: names, openA: openA, startA: startA, closers: closers,
+	return &Engine{dec: dec, tok: tok, pool: pool, cfg: cfg, opt: opt, closeToks: closeToks, names: names, openA: openA, startA: startA, closers: closers, slashes: slashes,
 		replies: make(chan reply, opt.Rows), wake: make(chan struct{}, 1),
 		slots: make([]*Pending, opt.Rows), dirty: make([]bool, opt.Rows), slowest: map[int]time.Duration{}}, nil
 }
@@ -718,8 +718,9 @@ func (e *Engine) callBan(p *Pending) []int32 {
 // closeBan is what router.match_close bans for p's next token: nil when
 // no tag is open at the end of p's turn, else the tokens that would write
 // a closing tag other than the open tag's own (what follows a "</" must
-// spell the rest of it). Only tokens that hold "</", or any token after an
-// unfinished "<" or "</…", can do so.
+// spell the rest of it). Only tokens that hold "</" can do so, and after a
+// lone "<" those that start with "/"; inside an unfinished "</…" any token
+// can (the whole vocabulary is checked, a step or two per closing tag).
 func (e *Engine) closeBan(p *Pending) []int32 {
 	_, want := e.closing(p.turnText)
 	if want == "" {
@@ -747,17 +748,21 @@ func (e *Engine) closeBan(p *Pending) []int32 {
 		}
 	}
 	var ban []int32
-	if tail == "" {
-		for _, id := range e.closers {
-			if bad(id) {
-				ban = append(ban, id)
+	if strings.HasPrefix(tail, "</") {
+		for id := range e.dec.(VocabDecoder).Vocab() {
+			if bad(int32(id)) {
+				ban = append(ban, int32(id))
 			}
 		}
 		return ban
 	}
-	for id := range e.dec.(VocabDecoder).Vocab() {
-		if bad(int32(id)) {
-			ban = append(ban, int32(id))
+	cands := e.closers
+	if tail == "<" {
+		cands = append(slices.Clone(e.slashes), e.closers...)
+	}
+	for _, id := range cands {
+		if bad(id) {
+			ban = append(ban, id)
 		}
 	}
 	return ban

@@ -209,12 +209,12 @@ type Sample struct {
 	// policy when its copy began to loop.
 	Closed int
 	// Constrained lists the indices into Tokens of the policy's tokens
-	// chosen under router.answer_span, router.search_names or
-	// router.call_first. Their Logp
-	// is the unconstrained policy's, which can lie far below what the
-	// constrained choice gave them (a name completed that the policy meant
-	// to write otherwise); PPO leaves them out of its per-token KL penalty,
-	// which would otherwise reward pushing them down without bound.
+	// chosen under router.answer_span, router.search_names,
+	// router.call_first or router.match_close. Their Logp is the
+	// unconstrained policy's, which can lie far below what the constrained
+	// choice gave them (a name completed that the policy meant to write
+	// otherwise); PPO leaves them out of its per-token KL penalty, which
+	// would otherwise reward pushing them down without bound.
 	Constrained []int
 }
 

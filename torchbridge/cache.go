@@ -263,10 +263,7 @@ func (c *Cache) extendRows(h *C.rc_cache, s Step, idx []int, res *Result) error 
 		logits = make([]float32, n*c.vocab)
 	}
 	so := C.rc_sample_opts{temperature: C.double(s.Sampling.Temperature), top_p: C.double(s.Sampling.TopP), top_k: C.int64_t(s.Sampling.TopK),
-		row_base: C.int64_t(s.RowBase)}
-	if s.WantLogp {
-		so.want_logp = 1
-	}
+		row_base: C.int64_t(s.RowBase), want_logp: cBool(s.WantLogp)}
 	if s.Ban != nil {
 		var ban []int32
 		for _, i := range idx {

@@ -99,9 +99,7 @@ func NewPolicy(cfg *hfmodel.Config, opt Options) (*Policy, error) {
 		num_attention_heads: C.int64_t(cfg.NumAttentionHeads), num_key_value_heads: C.int64_t(cfg.NumKeyValueHeads),
 		head_dim: C.int64_t(cfg.HeadDimension()), max_position_embeddings: C.int64_t(cfg.MaxPositionEmbeddings),
 		rope_theta: C.double(cfg.RopeTheta), rms_norm_eps: C.double(cfg.RMSNormEps),
-	}
-	if cfg.TieWordEmbeddings {
-		cc.tie_word_embeddings = 1
+		tie_word_embeddings: cBool(cfg.TieWordEmbeddings),
 	}
 	err = do(context.Background(), func() error {
 		dev := C.CString(opt.Device)

@@ -128,11 +128,11 @@ func (a ppo) fill(b *stepBatch) {
 		rec := &ppoRecord{Score: routerR1Score(b.rewards[i], a.cfg.Outcome, a.cfg.CostCoef, cheap), Cost: cost, Cheapness: cheap,
 			Values: []float32{}}
 		// Tokens chosen under a decoding constraint (router.answer_span,
-		// router.search_names, router.call_first) carry no KL penalty:
-		// their log-probs are the unconstrained policy's, and the penalty
-		// −β·(log π − log π_ref) would pay the policy for pushing a token
-		// it cannot avoid ever further down (Router-R1 collapsed so on the
-		// EVOUNA world).
+		// router.search_names, router.call_first, router.match_close)
+		// carry no KL penalty: their log-probs are the unconstrained
+		// policy's, and the penalty −β·(log π − log π_ref) would pay the
+		// policy for pushing a token it cannot avoid ever further down
+		// (Router-R1 collapsed so on the EVOUNA world).
 		constrained := map[int]bool{}
 		// The response follows the prompt; a gathered sample keeps its Mask
 		// (one entry per response token), not its Tokens (record).
