@@ -118,7 +118,11 @@ var inputParts = map[string]func(s Setup) (any, error){
 			return nil, errors.New("eval: Setup.Pool is not set; the pool's configuration keys the results")
 		}
 		models := make([]llmpool.ModelConfig, len(s.Pool.Models))
+		replay := 0 // the replay rule's version (llmpool.ReplayVersion), when a model is replayed
 		for i, m := range s.Pool.Models {
+			if m.Replay != nil {
+				replay = llmpool.ReplayVersion
+			}
 			if m.OpenAI != nil {
 				o := *m.OpenAI
 				o.APIKeyEnv, o.Timeout, o.MaxConcurrency, o.RequestsPerMinute = "", 0, 0, 0
@@ -136,7 +140,8 @@ var inputParts = map[string]func(s Setup) (any, error){
 			Models        []llmpool.ModelConfig
 			MaxQueryChars int
 			FailureText   string
-		}{models, s.Pool.MaxQueryChars, s.Pool.FailureText}, nil
+			Replay        int `json:",omitempty"`
+		}{models, s.Pool.MaxQueryChars, s.Pool.FailureText, replay}, nil
 	},
 	// cot: the protocol's limits and the chain-of-thought template's text.
 	"cot": func(s Setup) (any, error) {

@@ -95,8 +95,10 @@
 //     row has none, the reply rendered from the judgment (below).
 //   - replay.render = "judgment": the reply rendered from the judgment.
 //
-// Rendered: judged right, "The answer is G." with G the first non-empty
-// golden answer; judged wrong, the logged reply text, or "I don't know."
+// Rendered: judged right, "The answer is G." with G the golden answer the
+// model's logged reply states (SpokenGolden: the longest golden answer whose
+// normalised words occur in the normalised reply), or the first non-empty
+// one when the reply states none or there is no reply; judged wrong, the logged reply text, or "I don't know."
 // (ReplayNonAnswer) when there is none. A row with a reply and no judgment
 // gives its reply. The reply is trimmed and cut to replay.max_reply_chars
 // code points (default 2048). Tokens and cost are the row's when logged;

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/outcomes"
 )
 
@@ -173,20 +174,56 @@ func (r *replay) complete(ctx context.Context, call providerCall) (completion, e
 	return c, nil
 }
 
+// ReplayVersion changes when a replayed model answers a logged row
+// differently (eval's identity of a pool with replayed models holds it, so
+// results made under an earlier rule are not resumed). 2: a rendered right
+// answer states the golden answer the model's own reply holds (before: the
+// first golden answer).
+const ReplayVersion = 2
+
 // ReplayText is the reply a row gives under a render mode (RenderText or
 // RenderJudgment), before it is cut to replay.max_reply_chars: the logged
 // reply in text mode when there is one; otherwise, judged right: "The
-// answer is G." with G the first non-empty golden answer; judged wrong: the
-// logged reply, or ReplayNonAnswer without one. A row with a reply but no
-// judgment gives its reply in either mode.
+// answer is G." with G the golden answer the model said (SpokenGolden);
+// judged wrong: the logged reply, or ReplayNonAnswer without one. A row
+// with a reply but no judgment gives its reply in either mode.
 func ReplayText(row outcomes.Row, render string) string {
 	if row.Reply != nil && (render == RenderText || row.Correct == nil || !*row.Correct) {
 		return *row.Reply
 	}
 	if row.Correct != nil && *row.Correct {
-		return "The answer is " + firstGolden(&Question{Golden: row.Golden}) + "."
+		reply := ""
+		if row.Reply != nil {
+			reply = *row.Reply
+		}
+		return "The answer is " + SpokenGolden(row.Golden, reply) + "."
 	}
 	return ReplayNonAnswer
+}
+
+// SpokenGolden is the golden answer a reply states: of the golden answers
+// whose normalised text (data.Normalize, as exact match reads it) occurs in
+// the normalised reply as whole words, the longest ("Gerald R. Ford" over
+// "Ford"; the first listed of equal length); when none occurs (or there is
+// no reply), the first non-empty golden answer. A list of aliases, such as
+// TriviaQA's, is in no particular order: its first may be one no model
+// would say ("Kamal kahn" for a reply naming "Octopussy"), so a reply
+// rendered from a judgment states the alias the judged model used.
+func SpokenGolden(golden []string, reply string) string {
+	said := " " + data.Normalize(reply) + " "
+	best, bestLen := "", 0
+	for _, g := range golden {
+		g = strings.TrimSpace(g)
+		n := data.Normalize(g)
+		if n == "" || len(n) <= bestLen || !strings.Contains(said, " "+n+" ") {
+			continue
+		}
+		best, bestLen = g, len(n)
+	}
+	if best == "" {
+		return firstGolden(&Question{Golden: golden})
+	}
+	return best
 }
 
 // CheckReplay reports, before any call, the questions that a replayed model

@@ -199,3 +199,41 @@ func TestCheckReplay(t *testing.T) {
 		t.Fatalf("error %v, want a dataset mismatch", err)
 	}
 }
+
+// A reply rendered from a right judgment states the golden answer the
+// model's own reply holds, not whichever alias the list names first.
+func TestSpokenGolden(t *testing.T) {
+	cases := []struct {
+		name   string
+		golden []string
+		reply  string
+		want   string
+	}{
+		{"first alias said", []string{"Paris", "City of Light"}, "It is Paris.", "Paris"},
+		{"a later alias said", []string{"Kamal kahn", "Octopussy", "Bond 13"}, `The title song was for "Octopussy" (1983).`, "Octopussy"},
+		{"the longest alias said", []string{"Ford", "Gerald R. Ford", "Gerald Ford"}, "That was President Gerald R. Ford, in 1974.", "Gerald R. Ford"},
+		{"equal lengths: the first listed", []string{"abc", "xyz"}, "xyz or abc", "abc"},
+		{"as exact match reads it", []string{"The Beatles"}, "beatles!", "The Beatles"},
+		{"whole words only", []string{"Ford", "Cat"}, "Affordable cats", "Ford"},
+		{"none said: the first", []string{"", " Jupiter ", "Jove"}, "Saturn", "Jupiter"},
+		{"no reply: the first", []string{"Jupiter", "Jove"}, "", "Jupiter"},
+		{"an alias that normalises to nothing is never said", []string{"!!", "the"}, "!! the", "!!"},
+		{"no golden answer", nil, "anything", ""},
+		{"invalid UTF-8 reply", []string{"Jove"}, "\xff Jove \xfe", "Jove"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := SpokenGolden(c.golden, c.reply); got != c.want {
+				t.Errorf("SpokenGolden(%q, %q) = %q, want %q", c.golden, c.reply, got, c.want)
+			}
+		})
+	}
+
+	log := writeLog(t, `{"dataset":"triviaqa","question_id":"triviaqa/1","question":"which bond film has all time high","golden_answers":["Kamal kahn","Octopussy"],"model":"gpt","reply":"Rita Coolidge sang All Time High for Octopussy.","correct":true}
+`)
+	p := newTestPool(t, testConfig(replayModel("gpt", log, ReplayConfig{Render: RenderJudgment})))
+	r := p.Call(context.Background(), Request{Model: "gpt", Query: "q", Question: q("triviaqa/1", "triviaqa")})
+	if r.Failed || r.Text != "The answer is Octopussy." {
+		t.Errorf("rendered reply %q (failed %v), want the alias the model said", r.Text, r.Failed)
+	}
+}
