@@ -47,6 +47,9 @@ typedef struct rc_config {
    thread's later work; n <= 0 leaves them. May be called between pieces of
    work (the training loop decodes with fewer threads than it trains). */
 int rc_set_threads(int32_t n, char** err);
+/* Hands the pages of the CPU heap's free memory back to the system (glibc's
+ * malloc_trim; a no-op elsewhere). */
+int rc_release_memory(char** err);
 
 /* The number of intra-op CPU threads the calling thread's work uses. */
 int rc_get_threads(int32_t* out, char** err);
@@ -65,7 +68,8 @@ int rc_cuda_available(int32_t* out, char** err);
  * "cuda:1") in the dtype (RC_F32 or RC_BF16). */
 int rc_policy_new(const rc_config* cfg, const char* device, int32_t dtype, rc_policy** out, char** err);
 
-/* Frees the policy and everything it owns. NULL is a no-op. */
+/* Frees the policy and everything it owns, and (glibc) hands the heap's free
+ * pages back to the system. NULL is a no-op. */
 void rc_policy_free(rc_policy* p);
 
 /* Number of parameter tensors. */
@@ -121,6 +125,11 @@ int rc_policy_param_info(rc_policy* p, int64_t i, const char** name, int32_t* nd
 /* Copies raw little-endian data of the given dtype into parameter `name`,
  * converting to the policy's dtype. nbytes must equal numel * element size. */
 int rc_policy_set_param(rc_policy* p, const char* name, int32_t dtype, const void* data, int64_t nbytes, char** err);
+/* Elements [offset, offset + nbytes/size of dtype) of parameter name, in its
+ * flat (row-major) order, from raw data of dtype: a checkpoint's tensor
+ * loaded piece by piece. */
+int rc_policy_set_param_range(rc_policy* p, const char* name, int32_t dtype, int64_t offset, const void* data,
+                              int64_t nbytes, char** err);
 
 /* Copies parameter `name` (or optimizer tensor, see rc_policy_state_*, or
  * "grad/<param>", the accumulated gradient, zeros when none) into buf as dtype. nbytes must equal numel * element size.

@@ -10,6 +10,10 @@
 #include <torch/types.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -124,7 +128,10 @@ struct rc_policy {
   // Gradient buckets (bucket_grads, for the data-parallel all-reduce):
   // flat float32 buffers that hold the gradient sums, grad32[i] a view of
   // one, kept across steps and zeroed after each (never freed), so the
-  // all-reduce runs on them in place, with no copy. For a float32 policy
+  // all-reduce runs on them in place, with no copy. On the CPU they are
+  // zeroed by giving their pages back (zero_release): between a step and
+  // the next backward (the rollout, the KL reference's scoring) they hold
+  // no memory. For a float32 policy
   // the parameters' .grad are other views of the same memory, so autograd
   // adds each backward's whole gradient into the sums itself (the output
   // head's weight, whose gradient partly comes from outside autograd, keeps
@@ -280,6 +287,29 @@ struct rc_policy {
       }
     }
     sums_zero = zero;
+    if (zero)  // made zero-filled: their pages go back until a backward adds into them
+      for (auto& b : buckets) zero_release(b);
+  }
+
+  // Zeroes a contiguous CPU tensor by handing its whole pages back to the
+  // kernel (madvise MADV_DONTNEED: the CPU allocator's memory is private
+  // and anonymous, so a page given back reads as zeros when next touched,
+  // and holds no memory until then) and writing zeros to the partial pages
+  // at its ends; any other tensor, or a refused madvise, by zero_().
+  static void zero_release(torch::Tensor& t) {
+    if (!t.device().is_cpu() || !t.is_contiguous()) {
+      t.zero_();
+      return;
+    }
+    auto pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    auto b = (uintptr_t)t.data_ptr(), e = b + t.nbytes();
+    uintptr_t lo = (b + pg - 1) / pg * pg, hi = e / pg * pg;
+    if (hi <= lo || madvise((void*)lo, hi - lo, MADV_DONTNEED) != 0) {
+      t.zero_();
+      return;
+    }
+    std::memset((void*)b, 0, lo - b);
+    std::memset((void*)hi, 0, e - hi);
   }
 
   // Drops the buckets; the sums become tensors of their own again.
@@ -321,7 +351,7 @@ struct rc_policy {
   void clear_grads() {
     torch::NoGradGuard ng;
     if (!buckets.empty()) {
-      for (auto& b : buckets) b.zero_();
+      for (auto& b : buckets) zero_release(b);
       for (size_t i = 0; i < params.size(); i++) {
         if (!grad_is_view(i)) params[i].mutable_grad() = torch::Tensor();
         // Parameters added since the buckets were made have sums of their own.

@@ -69,6 +69,32 @@ int rc_policy_set_param(rc_policy* p, const char* name, int32_t dtype, const voi
   });
 }
 
+int rc_policy_set_param_range(rc_policy* p, const char* name, int32_t dtype, int64_t offset, const void* data,
+                              int64_t nbytes, char** err) {
+  return guarded(err, [&] {
+    torch::NoGradGuard ng;
+    auto it = p->index.find(name);
+    if (it == p->index.end()) fail("no parameter \"" + std::string(name) + "\"");
+    auto i = it->second;
+    auto& dst = p->params[i];
+    auto st = scalar_type(dtype);
+    int64_t es = (int64_t)c10::elementSize(st), numel = dst.numel();
+    if (nbytes < 0 || nbytes % es != 0 || offset < 0 || offset > numel || nbytes / es > numel - offset)
+      fail("tensor \"" + std::string(name) + "\": " + std::to_string(nbytes) + " bytes at element " + std::to_string(offset) +
+           " do not fit its " + std::to_string(numel) + " elements");
+    int64_t n = nbytes / es;
+    if (n == 0) return;
+    auto src = torch::from_blob(const_cast<void*>(data), {n}, torch::TensorOptions().dtype(st));
+    dst.view({-1}).narrow(0, offset, n).copy_(src);
+    // The float32 master copy (if any; sharded: this rank's share) follows.
+    if (!p->master.empty()) {
+      int64_t lo = p->sharded() ? p->own_lo[i] : 0, hi = p->sharded() ? p->own_hi[i] : numel;
+      int64_t a = std::max(lo, offset), b = std::min(hi, offset + n);
+      if (a < b) p->master[i].view({-1}).narrow(0, a - lo, b - a).copy_(src.narrow(0, a - offset, b - a));
+    }
+  });
+}
+
 int rc_policy_get_param(rc_policy* p, const char* name, int32_t dtype, void* buf, int64_t nbytes, char** err) {
   return guarded(err, [&] {
     torch::NoGradGuard ng;

@@ -320,6 +320,13 @@ type Policy struct {
 	// time (and each layer's input) for about one more forward pass of
 	// compute. The gradients are the plain backward's, bit for bit.
 	GradientCheckpointing bool `toml:"gradient_checkpointing"`
+	// ReloadReference loads the KL reference (train.kl_coef or ppo.kl_coef
+	// > 0) from its checkpoint for each step's scoring and frees it after,
+	// instead of keeping it in memory for the whole run: a rank then holds
+	// no copy of the reference during the rollout and the update, for one
+	// read of the checkpoint a step (from the page cache after the first).
+	// The same log-probs, bit for bit.
+	ReloadReference bool `toml:"reload_reference"`
 	// EagerDecode launches every kernel of a GPU decode step from the host
 	// instead of replaying the step as a CUDA graph (docs/results/gpu.md): for
 	// comparison or debugging. No effect on the CPU.

@@ -50,6 +50,7 @@ func Options(cfg config.Config, job Job, promptLen, capacity int, ctxLen int64) 
 	}
 	t := cfg.Train
 	o.KLReference = cfg.KLCoef() > 0
+	o.ReloadReference = cfg.Policy.ReloadReference
 	rows := t.BatchSize * t.GroupSize / world // the rank's responses of a step
 	o.RolloutRows = rows
 	if t.RolloutRows > 0 {
@@ -121,7 +122,7 @@ func (c *Check) Memory(cfg config.Config, m *hfmodel.Config, job Job) {
 	} else if sets, _ := Remedy(cfg, m, job, promptLen, c.capacity, c.ctxLen, avail); sets != nil {
 		msg += "; it fits with " + strings.Join(sets, " ")
 	} else {
-		msg += "; no setting of policy.gradient_checkpointing, dist.shard_optimizer, train.head_chunk, train.micro_batch or train.rollout_rows makes it fit with 10% to spare: use more ranks, a bigger device or bfloat16"
+		msg += "; no setting of policy.gradient_checkpointing, dist.shard_optimizer, policy.reload_reference, train.head_chunk, train.micro_batch or train.rollout_rows makes it fit with 10% to spare: use more ranks, a bigger device or bfloat16"
 	}
 	c.Problem("%s", msg)
 }
@@ -146,9 +147,16 @@ func Describe(o hfmodel.MemoryOptions, promptKnown bool) string {
 	if o.Train {
 		b = append(b, fmt.Sprintf("update %d × %d-token micro-batch(es) of %d sequences", o.MicroBatches, o.SeqLen, o.MicroSeqs),
 			fmt.Sprintf("head_chunk %d", o.HeadChunk), onOff("checkpointing", o.Checkpointing),
-			onOff("optimizer sharded", o.ShardOptimizer && o.World > 1), onOff("KL reference", o.KLReference))
+			onOff("optimizer sharded", o.ShardOptimizer && o.World > 1), klReference(o))
 	}
 	return strings.Join(b, ", ")
+}
+
+func klReference(o hfmodel.MemoryOptions) string {
+	if o.KLReference && o.ReloadReference {
+		return "KL reference reloaded each step"
+	}
+	return onOff("KL reference", o.KLReference)
 }
 
 func onOff(name string, on bool) string {
@@ -182,9 +190,10 @@ func Verdict(plan hfmodel.MemoryPlan, avail int64, source string) (string, bool)
 const Headroom = 0.10
 
 // Remedy searches for training settings that make the job fit (1 −
-// Headroom) of avail bytes: for the update and the step, in turn
-// activation checkpointing, sharding the optimizer (several ranks),
-// train.head_chunk 256 and halving train.micro_batch, as far as needed;
+// Headroom) of avail bytes: for the reference scoring, the update and the
+// step, in turn activation checkpointing, sharding the optimizer (several
+// ranks), reloading the KL reference each step, train.head_chunk 256 and
+// halving train.micro_batch, as far as needed;
 // then for the rollout the largest train.rollout_rows that fits. It
 // returns them as --set flags with the config they make, or nil when these
 // do not suffice (or the job is not training).
@@ -195,7 +204,7 @@ func Remedy(cfg config.Config, m *hfmodel.Config, job Job, promptLen, capacity i
 	target := int64(float64(avail) * (1 - Headroom))
 	var sets []string
 	plan := func() hfmodel.MemoryPlan { return m.PlanMemory(Options(cfg, job, promptLen, capacity, ctxLen)) }
-	trainFits := func() bool { p := plan(); return max(p.Update.Peak(), p.Step.Peak()) <= target }
+	trainFits := func() bool { p := plan(); return max(p.Reference.Peak(), p.Update.Peak(), p.Step.Peak()) <= target }
 	if !trainFits() && !cfg.Policy.GradientCheckpointing {
 		cfg.Policy.GradientCheckpointing = true
 		sets = append(sets, "--set policy.gradient_checkpointing=true")
@@ -203,6 +212,10 @@ func Remedy(cfg config.Config, m *hfmodel.Config, job Job, promptLen, capacity i
 	if !trainFits() && job.World > 1 && !cfg.Dist.ShardOptimizer {
 		cfg.Dist.ShardOptimizer = true
 		sets = append(sets, "--set dist.shard_optimizer=true")
+	}
+	if !trainFits() && cfg.KLCoef() > 0 && !cfg.Policy.ReloadReference {
+		cfg.Policy.ReloadReference = true
+		sets = append(sets, "--set policy.reload_reference=true")
 	}
 	if !trainFits() && cfg.Train.HeadChunk > 256 {
 		cfg.Train.HeadChunk = 256

@@ -142,6 +142,19 @@ func SetThreads(n int) error {
 	})
 }
 
+// ReleaseMemory hands the pages of the CPU heap's free memory back to the
+// system (glibc's malloc_trim). Under UseTrainingMalloc the heap keeps
+// what tensors below 32 MiB leave when freed, for reuse; a phase that
+// needs much memory of other sizes (a policy loaded for a moment: the KL
+// reference under policy.reload_reference) then finds it resident but
+// unusable. Releasing it first costs the next reuse a page fault per page.
+func ReleaseMemory() error {
+	return do(context.Background(), func() error {
+		var msg *C.char
+		return status(C.rc_release_memory(&msg), msg)
+	})
+}
+
 // Threads returns libtorch's intra-op CPU threads of the torch thread.
 func Threads() (int, error) {
 	var n C.int32_t

@@ -167,6 +167,7 @@ func LoadPolicy(dir string, opt Options) (*Policy, error) {
 }
 
 func (p *Policy) loadWeights(w *hfmodel.Weights, dir string) error {
+	var buf []byte
 	for _, pr := range p.params {
 		t, ok := w.Lookup(pr.Name)
 		if !ok {
@@ -178,15 +179,46 @@ func (p *Policy) loadWeights(w *hfmodel.Weights, dir string) error {
 		if !slices.Equal(t.Shape, pr.Shape) {
 			return fmt.Errorf("torchbridge: %s: tensor %q: shape %v, want %v", t.Path(), pr.Name, t.Shape, pr.Shape)
 		}
-		b, err := w.Read(t)
-		if err != nil {
-			return err
+		// In pieces of at most hfmodel.ReadChunk bytes through one buffer:
+		// a load holds no whole copy of a tensor beside the policy's (a
+		// 3B model's embedding is 0.6 GiB in bfloat16), which matters
+		// where a KL reference is loaded each step.
+		es := hfmodel.DTypeSize[t.DType]
+		size := t.Numel() * es
+		if buf == nil || int64(len(buf)) < min(size, hfmodel.ReadChunk) {
+			buf = make([]byte, min(size, hfmodel.ReadChunk))
 		}
-		if err := p.SetParam(pr.Name, t.DType, b); err != nil {
-			return err
+		step := int64(len(buf)) / es * es
+		for off := int64(0); off < size; off += step {
+			b := buf[:min(step, size-off)]
+			if err := w.ReadAt(t, b, off); err != nil {
+				return err
+			}
+			if err := p.setParamRange(pr.Name, t.DType, off/es, b); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
+}
+
+// setParamRange copies raw data of dtype into parameter name's elements
+// from offset on (flat order).
+func (p *Policy) setParamRange(name, dtype string, offset int64, data []byte) error {
+	code, ok := dtypeCodes[dtype]
+	if !ok {
+		return fmt.Errorf("torchbridge: tensor %q: unsupported dtype %q", name, dtype)
+	}
+	return p.call(context.Background(), func(h *C.rc_policy) error {
+		cn := C.CString(name)
+		defer C.free(unsafe.Pointer(cn))
+		var msg *C.char
+		var ptr unsafe.Pointer
+		if len(data) > 0 {
+			ptr = unsafe.Pointer(&data[0])
+		}
+		return status(C.rc_policy_set_param_range(h, cn, code, C.int64_t(offset), ptr, C.int64_t(len(data)), &msg), msg)
+	})
 }
 
 // Config returns the architecture.
@@ -604,7 +636,10 @@ func (p *Policy) stateNames() ([]string, int64, error) {
 	return names, step, err
 }
 
-// Close frees the policy and any caches still open on it. Safe to call twice.
+// Close frees the policy and any caches still open on it, and hands the
+// memory the heap then holds free back to the system (glibc's malloc_trim:
+// a policy loaded and closed each step leaves no resident holes). Safe to
+// call twice.
 func (p *Policy) Close() error {
 	return do(context.Background(), func() error {
 		for c := range p.caches {

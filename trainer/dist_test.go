@@ -163,9 +163,12 @@ func TestTrainDataParallel(t *testing.T) {
 	t.Run("two ranks compute what one process computes", func(t *testing.T) {
 		compareRuns(t, one, two, match{exactUpTo: 4, weights: map[string]float64{"sft": 0, "step-1": 0, "step-4": 0}})
 	})
-	t.Run("sharded optimizer and checkpointed layers compute what one process computes", func(t *testing.T) {
+	// The KL reference reloaded each step too (policy.reload_reference),
+	// and the gradient buckets zeroed by giving their pages back.
+	t.Run("sharded optimizer, checkpointed layers and a reloaded reference compute what one process computes", func(t *testing.T) {
 		sharded := filepath.Join(t.TempDir(), "sharded")
-		errs, outs, _ := ranksWith(t, sharded, append(append([]string{}, sets...), "dist.shard_optimizer=true", "policy.gradient_checkpointing=true"))
+		errs, outs, _ := ranksWith(t, sharded, append(append([]string{}, sets...), "dist.shard_optimizer=true", "policy.gradient_checkpointing=true",
+			"policy.reload_reference=true"))
 		for r, err := range errs {
 			if err != nil {
 				t.Fatalf("rank %d: %v\n%s", r, err, outs[r])

@@ -210,19 +210,17 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 
 	// The KL reference is the frozen policy at the start of GRPO, loaded on
 	// every rank when the algorithm's KL coefficient (train.kl_coef, or
-	// ppo.kl_coef for PPO) is > 0.
+	// ppo.kl_coef for PPO) is > 0: kept for the run, or with
+	// policy.reload_reference loaded for each step's scoring.
 	if cfg.KLCoef() > 0 {
 		refDir := cfg.Policy.Checkpoint
 		if st.SFTDone {
 			refDir = filepath.Join(run.dir, "checkpoints", "sft")
 		}
-		if j.ref, err = torchbridge.LoadPolicy(refDir, torchbridge.Options{Device: device, DType: cfg.Policy.DType}); err != nil {
+		if j.ref, err = openReference(refDir, torchbridge.Options{Device: device, DType: cfg.Policy.DType}, cfg.Policy.ReloadReference); err != nil {
 			return err
 		}
 		defer j.ref.Close()
-		if err := j.ref.SetTrainable(false); err != nil {
-			return err
-		}
 	}
 
 	// ZeRO-1: from here each rank holds its share of the optimizer state
@@ -333,7 +331,7 @@ type job struct {
 	env      *rollout.Env
 	rollEnv  *rollout.Env // env with train.no_repeat_ngram: the GRPO rollouts' protocol
 	eng      *rollout.Engine
-	ref      *torchbridge.Policy // the KL reference (nil without one)
+	ref      *reference // the KL reference (nil without one)
 	st       *State
 	sampler  *data.Sampler
 	run      *runDir
@@ -435,7 +433,7 @@ func (j *job) step(ctx context.Context) (*stepResult, error) {
 	// checkpoint never holds a half-applied update.
 	work := context.WithoutCancel(ctx)
 	if j.ref != nil { // KL reference log-probs (a forward pass of the frozen policy)
-		if err := refLogp(work, j.ref, seqs[lo:hi], tc.MicroBatch); err != nil {
+		if err := j.ref.score(work, seqs[lo:hi], tc.MicroBatch); err != nil {
 			return nil, err
 		}
 	}
@@ -615,6 +613,78 @@ func policyTokens(s torchbridge.Sequence) float64 {
 		}
 	}
 	return n
+}
+
+// reference is the KL reference policy: resident for the run, or
+// (policy.reload_reference) loaded from its checkpoint folder for each
+// step's scoring and freed after, so that no copy of it is in memory during
+// the rollout and the update. Both give the same log-probs.
+type reference struct {
+	dir      string
+	opt      torchbridge.Options
+	resident *torchbridge.Policy // nil when reloaded
+}
+
+// openReference loads the reference in dir once, which checks it at start;
+// it stays loaded unless reload.
+func openReference(dir string, opt torchbridge.Options, reload bool) (*reference, error) {
+	p, err := loadReference(dir, opt)
+	if err != nil {
+		return nil, err
+	}
+	r := &reference{dir: dir, opt: opt, resident: p}
+	if reload {
+		r.resident = nil
+		if err := p.Close(); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+func loadReference(dir string, opt torchbridge.Options) (*torchbridge.Policy, error) {
+	p, err := torchbridge.LoadPolicy(dir, opt)
+	if err != nil {
+		return nil, fmt.Errorf("KL reference: %w", err)
+	}
+	if err := p.SetTrainable(false); err != nil {
+		p.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// score fills each sequence's RefLogp (see refLogp), loading the reference
+// first when it is not resident.
+func (r *reference) score(ctx context.Context, seqs []torchbridge.Sequence, micro int) error {
+	if r.resident != nil {
+		return refLogp(ctx, r.resident, seqs, micro)
+	}
+	// What the last update's activations left free in the heap goes back
+	// first, or the reference would be loaded beside it (Close releases
+	// what the reference leaves).
+	if err := torchbridge.ReleaseMemory(); err != nil {
+		return err
+	}
+	p, err := loadReference(r.dir, r.opt)
+	if err != nil {
+		return err
+	}
+	if err := refLogp(ctx, p, seqs, micro); err != nil {
+		p.Close()
+		return err
+	}
+	return p.Close()
+}
+
+// Close frees a resident reference.
+func (r *reference) Close() error {
+	if r.resident == nil {
+		return nil
+	}
+	err := r.resident.Close()
+	r.resident = nil
+	return err
 }
 
 // refLogp fills RefLogp with the reference policy's log-probs of the policy tokens.

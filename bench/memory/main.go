@@ -18,6 +18,10 @@
 // the policy's tokens): the loss's forward and backward, for several ranks
 // the gradient all-reduce (Gloo, loopback), the AdamW step and, sharded,
 // the all-gather of the parameters, exactly the calls trainer.Train makes.
+// "2 lean" also reloads the reference each update (policy.reload_reference:
+// loaded from a checkpoint written at start, it scores the micro-batch and
+// is freed before the backward); the other configurations keep it in
+// memory, unused.
 //
 // Each configuration runs in processes of its own (one per rank), one
 // configuration at a time, with the malloc settings of `recal train`
@@ -50,7 +54,9 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -95,6 +101,10 @@ type setup struct {
 	// buckets) made before the first backward (-prepare; runs saved before
 	// it existed made them at the first step).
 	Prepare bool `json:"prepare,omitempty"`
+	// Reload: the KL reference is written to a checkpoint once and, each
+	// update, loaded from it, scores the micro-batch and is freed
+	// (policy.reload_reference); otherwise it stays in memory, unused.
+	Reload bool `json:"reload,omitempty"`
 }
 
 func setups() []setup {
@@ -106,6 +116,7 @@ func setups() []setup {
 		{Name: "2 ranks", World: 2, HeadChunk: *chunked},
 		{Name: "2 ranks sharded", World: 2, Shard: true, HeadChunk: *chunked},
 		{Name: "2 sharded+ckpt", World: 2, Shard: true, HeadChunk: *chunked, Checkpointing: true},
+		{Name: "2 lean", World: 2, Shard: true, HeadChunk: *chunked, Checkpointing: true, Reload: true},
 	}
 	for i := range all {
 		all[i].Prepare = *prepare
@@ -120,10 +131,12 @@ type report struct {
 	Peaks   []int64 `json:"peaks"`   // VmHWM after each update, bytes
 	// VmHWM after each update's backward (the update phase) and, for
 	// several ranks, after its all-reduce, bytes.
-	BackwardPeaks  []int64   `json:"backward_peaks"`
-	AllReducePeaks []int64   `json:"allreduce_peaks,omitempty"`
-	Times          []float64 `json:"times"` // seconds of each update
-	Loss           float64   `json:"loss"`
+	BackwardPeaks  []int64 `json:"backward_peaks"`
+	AllReducePeaks []int64 `json:"allreduce_peaks,omitempty"`
+	// VmHWM after each update's reference scoring (Reload), bytes.
+	RefPeaks []int64   `json:"ref_peaks,omitempty"`
+	Times    []float64 `json:"times"` // seconds of each update
+	Loss     float64   `json:"loss"`
 }
 
 const childEnv = "RECAL_BENCH_MEMORY"
@@ -165,12 +178,14 @@ func plan(cfg *hfmodel.Config, s setup) hfmodel.MemoryPlan {
 	}
 	return cfg.PlanMemory(hfmodel.MemoryOptions{DType: *dtype, CUDA: onGPU(), Train: true, KLReference: *kl, World: s.World,
 		ShardOptimizer: s.Shard, Checkpointing: s.Checkpointing, MicroSeqs: *seqs, SeqLen: *seqLen, MicroBatches: 1,
-		HeadChunk: s.HeadChunk, Runtime: rt})
+		HeadChunk: s.HeadChunk, Runtime: rt, ReloadReference: s.Reload && *kl})
 }
 
-// trainPeak is the plan's peak of what the bench runs: the update and the
-// step (no rollout).
-func trainPeak(p hfmodel.MemoryPlan) int64 { return max(p.Update.Peak(), p.Step.Peak()) }
+// trainPeak is the plan's peak of what the bench runs: the reference's
+// scoring (Reload), the update and the step (no rollout).
+func trainPeak(p hfmodel.MemoryPlan) int64 {
+	return max(p.Reference.Peak(), p.Update.Peak(), p.Step.Peak())
+}
 
 func memInfo(key string) (int64, error) {
 	b, err := os.ReadFile("/proc/meminfo")
@@ -265,8 +280,8 @@ func row(cfg *hfmodel.Config, s setup, reps []report, base *float64) {
 	if *base == 0 {
 		*base = t
 	}
-	first := p.Update.Peak() // the optimizer state made before the first backward
-	if !s.Prepare {          // made by the first step
+	first := max(p.Reference.Peak(), p.Update.Peak()) // the optimizer state made before the first backward
+	if !s.Prepare {                                   // made by the first step
 		first -= p.Update.Part("AdamW moments") + p.Update.Part("float32 master weights")
 	}
 	// VmHWM after the first update holds its backward's peak too: the plan
@@ -276,6 +291,9 @@ func row(cfg *hfmodel.Config, s setup, reps []report, base *float64) {
 	fmt.Printf("%-16s %8.2f | %12.2f %8.2f %6.3f | %8.2f %8.2f %6.3f | %11.2f %8.2f %6.3f | %8.1f %7.2f\n", s.Name, hfmodel.GiB(rt),
 		hfmodel.GiB(bw1), hfmodel.GiB(first), ratio(bw1, first), hfmodel.GiB(st1), hfmodel.GiB(step1), ratio(st1, step1),
 		hfmodel.GiB(peak), hfmodel.GiB(trainPeak(p)), ratio(peak, trainPeak(p)), t, t / *base)
+	if len(p.Reference.Parts) > 0 {
+		fmt.Printf("    plan: %s\n", p.Reference)
+	}
 	fmt.Printf("    plan: %s\n    plan: %s\n", p.Update, p.Step)
 }
 
@@ -440,6 +458,7 @@ func child(spec string) error {
 			return err
 		}
 	}
+	refDir := "" // the reference's checkpoint (Reload)
 	if *kl {
 		ref, err := torchbridge.NewPolicy(cfg, opts)
 		if err != nil {
@@ -453,6 +472,21 @@ func child(spec string) error {
 		}
 		if err := ref.SetTrainable(false); err != nil {
 			return err
+		}
+		if s.Reload {
+			tmp, err := os.MkdirTemp("", "bench-memory-ref-")
+			if err != nil {
+				return err
+			}
+			defer os.RemoveAll(tmp)
+			refDir = filepath.Join(tmp, "ref")
+			if err := ref.Save(refDir); err != nil {
+				return err
+			}
+			if err := ref.Close(); err != nil {
+				return err
+			}
+			debug.FreeOSMemory() // the save's buffers: the Go heap gives them back now
 		}
 	}
 	if err := pol.SetCheckpointing(s.Checkpointing); err != nil {
@@ -496,8 +530,36 @@ func child(spec string) error {
 		batch[i] = sq
 	}
 	adam := torchbridge.AdamW{LR: 1e-6, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: 0.01, MaxGradNorm: 1}
+	toks, masks := make([][]int32, len(batch)), make([][]float32, len(batch))
+	for i, sq := range batch {
+		toks[i], masks[i] = sq.Tokens, sq.Mask
+	}
 	for range *steps {
 		t0 := time.Now()
+		if refDir != "" { // as trainer's reference.score: release, load, score, free
+			if err := torchbridge.ReleaseMemory(); err != nil {
+				return err
+			}
+			ref, err := torchbridge.LoadPolicy(refDir, opts)
+			if err != nil {
+				return err
+			}
+			lp, _, err := ref.ScoreMasked(ctx, toks, masks)
+			if err != nil {
+				return err
+			}
+			if err := ref.Close(); err != nil {
+				return err
+			}
+			for i := range batch {
+				batch[i].RefLogp = lp[i]
+			}
+			hwm, err := peak()
+			if err != nil {
+				return err
+			}
+			rep.RefPeaks = append(rep.RefPeaks, hwm)
+		}
 		ls, err := pol.Backward(ctx, batch, torchbridge.LossOptions{ClipEps: 0.2, KLCoef: 0.001, Scale: 1.0 / float64(*seqs**seqLen), HeadChunk: s.HeadChunk})
 		if err != nil {
 			return err

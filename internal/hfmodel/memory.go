@@ -76,6 +76,10 @@ type MemoryOptions struct {
 	// KLReference: a frozen copy of the policy for the KL term
 	// (config.Config.KLCoef > 0).
 	KLReference bool
+	// ReloadReference: the KL reference is loaded from its checkpoint for
+	// each step's scoring and freed after (policy.reload_reference), so it
+	// exists only in the reference phase.
+	ReloadReference bool
 	// World is the number of data-parallel ranks (1: one process).
 	World int
 	// ShardOptimizer: the AdamW moments and master weights are sharded over
@@ -117,6 +121,11 @@ const StepSlice = 1 << 22
 // rc_dist_gather_params): bucketBytes of the policy's dtype (es bytes an
 // element), at least 65,536.
 func GatherRound(bucketBytes, es int64) int64 { return max(1<<16, bucketBytes/es) }
+
+// ReadChunk is the most bytes of a tensor a checkpoint's load reads into
+// memory at once before they are copied into the tensor
+// (torchbridge.LoadPolicy).
+const ReadChunk = 16 << 20
 
 // AllreduceSegment is the most bytes of a bucket Gloo's ring moves per step
 // of its pipeline in the CPU gradient all-reduce (kSegmentBytes in
@@ -196,6 +205,9 @@ type MemoryPlan struct {
 	// Step: the gradient all-reduce, the optimizer step and, sharded, the
 	// all-gather of the parameters (training only).
 	Step MemoryPhase
+	// Reference: the KL reference loaded and scoring the rank's rollouts
+	// (training with MemoryOptions.ReloadReference only; empty otherwise).
+	Reference MemoryPhase
 }
 
 // Phases are the plan's phases in the order a step runs them (the
@@ -203,6 +215,9 @@ type MemoryPlan struct {
 func (m MemoryPlan) Phases() []MemoryPhase {
 	if len(m.Update.Parts) == 0 {
 		return []MemoryPhase{m.Rollout}
+	}
+	if len(m.Reference.Parts) > 0 {
+		return []MemoryPhase{m.Rollout, m.Reference, m.Update, m.Step}
 	}
 	return []MemoryPhase{m.Rollout, m.Update, m.Step}
 }
@@ -248,16 +263,28 @@ func (c *Config) PlanMemory(o MemoryOptions) MemoryPlan {
 	}
 
 	persist := []MemoryPart{{"runtime", o.Runtime}, {"weights", P * es}}
-	if o.Train && o.KLReference {
-		persist = append(persist, MemoryPart{"KL reference", P * es})
+	reference := MemoryPart{"KL reference", P * es}
+	reload := o.Train && o.KLReference && o.ReloadReference
+	if o.Train && o.KLReference && !reload {
+		persist = append(persist, reference)
 	}
+	// The gradient buckets (several ranks) are kept between steps: the
+	// all-reduce runs on them in place. On a GPU they hold their memory
+	// throughout; on the CPU the step zeroes them by giving their pages
+	// back (rc_policy::clear_grads), so they exist only from the update's
+	// backward to the step's end.
+	buckets := MemoryPart{"gradient buckets", 0}
 	if o.Train {
 		persist = append(persist, MemoryPart{"AdamW moments", 2 * share * 4})
 		if es != 4 {
 			persist = append(persist, MemoryPart{"float32 master weights", share * 4})
 		}
-		if world > 1 { // kept (zeroed) between steps: the all-reduce runs on them in place
-			persist = append(persist, MemoryPart{"gradient buckets", P * 4})
+		if world > 1 {
+			buckets.Bytes = P * 4
+			if o.CUDA {
+				persist = append(persist, buckets)
+				buckets.Bytes = 0
+			}
 		}
 	}
 	with := func(name string, extra ...MemoryPart) MemoryPhase {
@@ -366,7 +393,7 @@ func (c *Config) PlanMemory(o MemoryOptions) MemoryPlan {
 	default:
 		fresh = P*4 - noDense
 	}
-	head := []MemoryPart{{"gradient sums", before}, {"activations", acts}}
+	head := []MemoryPart{buckets, {"gradient sums", before}, {"activations", acts}}
 	if logits >= workspace {
 		head = append(head, MemoryPart{"logits chunk", logits})
 	} else {
@@ -376,7 +403,7 @@ func (c *Config) PlanMemory(o MemoryOptions) MemoryPlan {
 	// The embedding's dense gradient, where there is one, is made by its
 	// backward and then copied into .grad (autograd keeps what it cannot
 	// take over), so a second one exists for a moment at the end.
-	end := []MemoryPart{{"gradient sums", before}, {"backward's gradients", fresh}, {"head weight's gradient", headWeight},
+	end := []MemoryPart{buckets, {"gradient sums", before}, {"backward's gradients", fresh}, {"head weight's gradient", headWeight},
 		{"embedding gradient's copy", dense}}
 	hp, ep := with("update", head...), with("update", end...)
 	update := hp
@@ -425,6 +452,18 @@ func (c *Config) PlanMemory(o MemoryOptions) MemoryPlan {
 	if world == 1 {
 		sums = P * 4
 	}
-	step := with("step", MemoryPart{"gradient sums", sums}, temp)
-	return MemoryPlan{Rollout: rollout, Update: update, Head: hp, BackwardEnd: ep, Step: step}
+	step := with("step", buckets, MemoryPart{"gradient sums", sums}, temp)
+	plan := MemoryPlan{Rollout: rollout, Update: update, Head: hp, BackwardEnd: ep, Step: step}
+
+	// Reference (policy.reload_reference): the reference is loaded (its
+	// tensors read in ReadChunk pieces) and scores the rank's sequences
+	// micro-batch by micro-batch with no autograd: one layer's activations
+	// at a time beside the hidden states in and out of it, and the output
+	// head's chunk of 256 positions (rc_policy_score) of float32 logits and
+	// their exponentials.
+	if reload {
+		score := layer + 2*N*H*es + 2*min(256, N)*V*4
+		plan.Reference = with("ref", reference, MemoryPart{"scoring workspace", max(score, ReadChunk)})
+	}
+	return plan
 }

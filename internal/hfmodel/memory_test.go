@@ -167,6 +167,42 @@ func TestPlanMemoryHostileSettings(t *testing.T) {
 				}
 			}
 		}},
+		{"a reloaded reference is in its phase only", func(o *MemoryOptions) { o.KLReference = true; o.ReloadReference = true }, func(t *testing.T, p MemoryPlan) {
+			for _, ph := range []MemoryPhase{p.Rollout, p.Update, p.Step} {
+				if ph.Part("KL reference") != 0 {
+					t.Errorf("%s holds the reloaded reference: %s", ph.Name, ph)
+				}
+			}
+			if got := p.Reference.Part("KL reference"); got != P*4 || len(p.Phases()) != 4 || p.Phases()[1].Name != "ref" {
+				t.Errorf("ref phase %s in %d phases, want the reference (%d) in the second of four", p.Reference, len(p.Phases()), int64(P*4))
+			}
+			if p.Reference.Part("scoring workspace") < ReadChunk {
+				t.Errorf("scoring workspace %d below the load's read buffer", p.Reference.Part("scoring workspace"))
+			}
+		}},
+		{"a resident reference is in every phase, and there is no ref phase", func(o *MemoryOptions) { o.KLReference = true }, func(t *testing.T, p MemoryPlan) {
+			if len(p.Reference.Parts) != 0 || len(p.Phases()) != 3 || p.Rollout.Part("KL reference") != P*4 || p.Update.Part("KL reference") != P*4 {
+				t.Errorf("resident reference: phases %v", p.Phases())
+			}
+		}},
+		{"reloading without a reference changes nothing", func(o *MemoryOptions) { o.ReloadReference = true }, func(t *testing.T, p MemoryPlan) {
+			if len(p.Reference.Parts) != 0 || p.Peak() != c.PlanMemory(base).Peak() {
+				t.Errorf("no KL reference, reload on: %v", p.Phases())
+			}
+		}},
+		{"CPU buckets give their pages back between steps", func(o *MemoryOptions) { o.World = 2 }, func(t *testing.T, p MemoryPlan) {
+			if p.Rollout.Part("gradient buckets") != 0 || p.Update.Part("gradient buckets") != P*4 || p.Step.Part("gradient buckets") != P*4 {
+				t.Errorf("CPU, 2 ranks: buckets in rollout %d, update %d, step %d; want 0, P·4, P·4", p.Rollout.Part("gradient buckets"),
+					p.Update.Part("gradient buckets"), p.Step.Part("gradient buckets"))
+			}
+		}},
+		{"GPU buckets stay", func(o *MemoryOptions) { o.World = 2; o.CUDA = true }, func(t *testing.T, p MemoryPlan) {
+			for _, ph := range p.Phases() {
+				if ph.Part("gradient buckets") != P*4 {
+					t.Errorf("GPU, 2 ranks: %s without the buckets", ph)
+				}
+			}
+		}},
 		{"inference has only the rollout", func(o *MemoryOptions) { o.Train = false; o.KLReference = true }, func(t *testing.T, p MemoryPlan) {
 			if len(p.Phases()) != 1 || p.Rollout.Part("KL reference") != 0 || p.Rollout.Part("AdamW moments") != 0 {
 				t.Errorf("inference plan %v; want the rollout alone, without training state", p.Phases())

@@ -209,6 +209,17 @@ func (w *Weights) Read(t *Tensor) ([]byte, error) {
 	return buf, nil
 }
 
+// ReadAt fills buf with the tensor's bytes from byte off of its data on.
+func (w *Weights) ReadAt(t *Tensor, buf []byte, off int64) error {
+	if off < 0 || int64(len(buf)) > t.size-off {
+		return fmt.Errorf("hfmodel: %s: tensor %q: %d bytes at %d are outside its %d", t.path, t.Name, len(buf), off, t.size)
+	}
+	if _, err := t.file.ReadAt(buf, t.begin+off); err != nil {
+		return fmt.Errorf("hfmodel: %s: tensor %q: %w", t.path, t.Name, err)
+	}
+	return nil
+}
+
 // Close closes the files. Safe to call twice.
 func (w *Weights) Close() error {
 	var first error
