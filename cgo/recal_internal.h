@@ -131,12 +131,12 @@ struct rc_policy {
   // all-reduce runs on them in place, with no copy. On the CPU they are
   // zeroed by giving their pages back (zero_release): between a step and
   // the next backward (the rollout, the KL reference's scoring) they hold
-  // no memory. For a float32 policy
-  // the parameters' .grad are other views of the same memory, so autograd
-  // adds each backward's whole gradient into the sums itself (the output
-  // head's weight, whose gradient partly comes from outside autograd, keeps
-  // a .grad of its own and is added by flush_grads). Empty: each sum is a
-  // tensor of its own, created on first use.
+  // no memory. For a float32 policy the parameters' .grad are other views
+  // of the same memory, so autograd adds each backward's whole gradient
+  // into the sums itself (the output head's weight, whose gradient partly
+  // comes from outside autograd, keeps a .grad of its own and is added by
+  // flush_grads). Empty: each sum is a tensor of its own, created on first
+  // use.
   std::vector<torch::Tensor> buckets;
   std::vector<std::pair<size_t, size_t>> bucket_spans;  // parameter range [first, last) of each bucket
   size_t bucketed_params = 0;                            // parameters 0..bucketed_params-1 are in buckets

@@ -205,6 +205,15 @@ func (p *Policy) loadWeights(w *hfmodel.Weights, dir string) error {
 // setParamRange copies raw data of dtype into parameter name's elements
 // from offset on (flat order).
 func (p *Policy) setParamRange(name, dtype string, offset int64, data []byte) error {
+	return p.setRaw(name, dtype, data, func(h *C.rc_policy, cn *C.char, code C.int32_t, ptr unsafe.Pointer, n C.int64_t, msg **C.char) C.int {
+		return C.rc_policy_set_param_range(h, cn, code, C.int64_t(offset), ptr, n, msg)
+	})
+}
+
+// setRaw runs set (a bridge call that copies raw data of dtype into the
+// tensor name) on the torch thread with its C arguments.
+func (p *Policy) setRaw(name, dtype string, data []byte,
+	set func(h *C.rc_policy, cn *C.char, code C.int32_t, ptr unsafe.Pointer, n C.int64_t, msg **C.char) C.int) error {
 	code, ok := dtypeCodes[dtype]
 	if !ok {
 		return fmt.Errorf("torchbridge: tensor %q: unsupported dtype %q", name, dtype)
@@ -217,7 +226,7 @@ func (p *Policy) setParamRange(name, dtype string, offset int64, data []byte) er
 		if len(data) > 0 {
 			ptr = unsafe.Pointer(&data[0])
 		}
-		return status(C.rc_policy_set_param_range(h, cn, code, C.int64_t(offset), ptr, C.int64_t(len(data)), &msg), msg)
+		return status(set(h, cn, code, ptr, C.int64_t(len(data)), &msg), msg)
 	})
 }
 
@@ -369,19 +378,8 @@ func (p *Policy) call(ctx context.Context, fn func(h *C.rc_policy) error) error 
 // SetParam copies raw little-endian data of dtype ("F32", "BF16", "F16") into
 // a parameter or optimizer tensor.
 func (p *Policy) SetParam(name, dtype string, data []byte) error {
-	code, ok := dtypeCodes[dtype]
-	if !ok {
-		return fmt.Errorf("torchbridge: tensor %q: unsupported dtype %q", name, dtype)
-	}
-	return p.call(context.Background(), func(h *C.rc_policy) error {
-		cn := C.CString(name)
-		defer C.free(unsafe.Pointer(cn))
-		var msg *C.char
-		var ptr unsafe.Pointer
-		if len(data) > 0 {
-			ptr = unsafe.Pointer(&data[0])
-		}
-		return status(C.rc_policy_set_param(h, cn, code, ptr, C.int64_t(len(data)), &msg), msg)
+	return p.setRaw(name, dtype, data, func(h *C.rc_policy, cn *C.char, code C.int32_t, ptr unsafe.Pointer, n C.int64_t, msg **C.char) C.int {
+		return C.rc_policy_set_param(h, cn, code, ptr, n, msg)
 	})
 }
 
