@@ -644,7 +644,7 @@ func (e *Engine) extend(ctx context.Context, ps []*Pending, s generate.Sampling,
 			// its own copy: fold appends the reply block to the feed
 			fed, looped = slices.Clone(closing), false // after </think> the turn goes on
 		} else {
-			if span != nil && (span[k] != nil || guard[k] != nil) {
+			if span != nil && (span[k] != nil || (guard[k] != nil && -logp[k] > guardSlack)) {
 				o.Constrained = append(o.Constrained, len(o.Tokens))
 			}
 			o.Tokens = append(o.Tokens, t)
@@ -925,6 +925,21 @@ func (e *Engine) closing(turn []byte) ([]int32, string) {
 	}
 	return e.closeToks[closeTag], closeTag
 }
+
+// guardSlack bounds, in nats, how far a guard's ban (router.call_first,
+// router.match_close) may have moved a chosen token's log-probability for
+// the token still to count as unconstrained (Sample.Constrained): a ban of
+// mass m moves it by −log(1−m), and m ≤ 1 − p for a chosen token of
+// probability p, so a token chosen with −log p ≤ guardSlack moved by at
+// most that. The guards are on inside nearly every tag (Qwen's added
+// tokens such as </tool_call> are always banned there), so listing every
+// token under them took PPO's KL penalty off nearly every token, and
+// Router-R1's PPO collapsed on the EVOUNA world with match_close on. A
+// span constraint (answer_span, search_names) forces its tokens: they are
+// always listed. A token's log-probability is the unconstrained policy's
+// (0 when the decoder computes none, as evaluation's does: no token is
+// listed then, and only training reads the list).
+const guardSlack = 0.1
 
 // EngineVersion changes when the engine decodes differently for the same
 // weights and settings; it keys evaluation results (eval's identity), so

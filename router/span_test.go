@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -231,7 +232,9 @@ func FuzzWordSpan(f *testing.F) {
 
 // preferring follows the first of its scripts that the tokens written so
 // far begin and whose next token is not banned (a policy's first choice,
-// then its next), and after a reply its answer script.
+// then its next), and after a reply its answer script. Its first choice
+// has probability 0.99; a token chosen because a ban took the first
+// choice away, 0.01 (skipped counts those per row).
 type preferring struct {
 	tok     Tokenizer
 	vocab   int
@@ -241,6 +244,7 @@ type preferring struct {
 	written map[int][]int32
 	replied map[int]bool
 	queue   map[int][]int32
+	skipped map[int]int
 }
 
 func (p *preferring) Vocab() int { return p.vocab }
@@ -251,7 +255,12 @@ func (p *preferring) Extend(ctx context.Context, rows []int, toks [][]int32, s g
 
 func (p *preferring) ExtendBanned(_ context.Context, rows []int, toks [][]int32, _ generate.Sampling, _ uint64, ban [][]int32) ([]int32, []float32, error) {
 	next := make([]int32, len(rows))
+	logp := make([]float32, len(rows))
+	if p.skipped == nil {
+		p.skipped = map[int]int{}
+	}
 	for k, r := range rows {
+		logp[k] = float32(math.Log(0.99))
 		if len(toks[k]) > 1 && p.written[r] != nil { // the reply's block
 			p.replied[r] = true
 			p.queue[r] = toInt32(p.tok.Encode(p.answer))
@@ -267,17 +276,27 @@ func (p *preferring) ExtendBanned(_ context.Context, rows []int, toks [][]int32,
 			}
 		default:
 			w := p.written[r]
+			banned := false // a script of higher preference was banned
 			for _, sc := range p.scripts {
 				ids := toInt32(p.tok.Encode(sc))
-				if len(ids) > len(w) && slices.Equal(ids[:len(w)], w) && !slices.Contains(ban[k], ids[len(w)]) {
-					next[k] = ids[len(w)]
-					break
+				if len(ids) <= len(w) || !slices.Equal(ids[:len(w)], w) {
+					continue
 				}
+				if slices.Contains(ban[k], ids[len(w)]) {
+					banned = true
+					continue
+				}
+				next[k] = ids[len(w)]
+				if banned {
+					logp[k] = float32(math.Log(0.01))
+					p.skipped[r]++
+				}
+				break
 			}
 			p.written[r] = append(w, next[k])
 		}
 	}
-	return next, make([]float32, len(rows)), nil
+	return next, logp, nil
 }
 
 // router.call_first: a policy that would answer at once calls first (its
@@ -322,17 +341,18 @@ func TestCallFirst(t *testing.T) {
 				}
 				return
 			}
-			// The ban was on until the reply: every policy token before the
-			// reply's block is constrained, none after it.
+			// The ban was on until the reply, and it mattered where it took
+			// the policy's first choice away: those tokens, and no other,
+			// are constrained, all before the reply's block.
 			block := slices.Index(s.Mask, 0)
-			want := 0
-			for j := range block {
-				if s.Mask[j] == 1 {
-					want++
-				}
+			want := dec.skipped[0]
+			if want == 0 || len(s.Constrained) != want || s.Constrained[len(s.Constrained)-1] >= block {
+				t.Errorf("constrained %v, want the %d tokens the ban changed, before the reply (at %d)", s.Constrained, want, block)
 			}
-			if len(s.Constrained) != want || (want > 0 && s.Constrained[len(s.Constrained)-1] >= block) {
-				t.Errorf("constrained %v, want the %d policy tokens before the reply (at %d)", s.Constrained, want, block)
+			for _, j := range s.Constrained {
+				if s.Logp[j] > -guardSlack {
+					t.Errorf("token %d (log-prob %v) listed as constrained: its ban moved it by at most %v nats", j, s.Logp[j], guardSlack)
+				}
 			}
 		})
 	}

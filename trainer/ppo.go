@@ -127,12 +127,14 @@ func (a ppo) fill(b *stepBatch) {
 		b.st.PPOCostWindow, cheap = cheapness(b.st.PPOCostWindow, cost, a.cfg.CostWindow)
 		rec := &ppoRecord{Score: routerR1Score(b.rewards[i], a.cfg.Outcome, a.cfg.CostCoef, cheap), Cost: cost, Cheapness: cheap,
 			Values: []float32{}}
-		// Tokens chosen under a decoding constraint (router.answer_span,
-		// router.search_names, router.call_first, router.match_close)
-		// carry no KL penalty: their log-probs are the unconstrained
-		// policy's, and the penalty −β·(log π − log π_ref) would pay the
-		// policy for pushing a token it cannot avoid ever further down
-		// (Router-R1 collapsed so on the EVOUNA world).
+		// Tokens a decoding constraint chose (router.Sample.Constrained:
+		// every token under router.answer_span or router.search_names,
+		// those a router.call_first or router.match_close ban can have
+		// moved by more than 0.1 nats) carry no KL penalty: their
+		// log-probs are the unconstrained policy's, and the penalty
+		// −β·(log π − log π_ref) would pay the policy for pushing a token
+		// it cannot avoid ever further down (Router-R1 collapsed so on
+		// the EVOUNA world).
 		constrained := map[int]bool{}
 		// The response follows the prompt; a gathered sample keeps its Mask
 		// (one entry per response token), not its Tokens (record).
