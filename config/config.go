@@ -325,7 +325,8 @@ type Policy struct {
 	// instead of keeping it in memory for the whole run: a rank then holds
 	// no copy of the reference during the rollout and the update, for one
 	// read of the checkpoint a step (from the page cache after the first).
-	// The same log-probs, bit for bit.
+	// The same log-probs, bit for bit. A checkpoint folder that changes
+	// during the run (its files' sizes or times) fails the step.
 	ReloadReference bool `toml:"reload_reference"`
 	// EagerDecode launches every kernel of a GPU decode step from the host
 	// instead of replaying the step as a CUDA graph (docs/results/gpu.md): for

@@ -58,6 +58,29 @@ func TestReloadedReference(t *testing.T) {
 		}
 	}
 
+	// A reloaded reference whose checkpoint changes during the run fails
+	// the next scoring, naming it, instead of scoring against other weights.
+	moved := filepath.Join(t.TempDir(), "ref")
+	if err := os.CopyFS(moved, os.DirFS(dir)); err != nil {
+		t.Fatal(err)
+	}
+	ref, err := openReference(moved, opt, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ref.score(ctx, seqs(), 2); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(filepath.Join(moved, "config.json"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteString("\n")
+	f.Close()
+	if err := ref.score(ctx, seqs(), 2); err == nil || !strings.Contains(err.Error(), "changed since the run started") || !strings.Contains(err.Error(), moved) {
+		t.Errorf("scoring after the reference's checkpoint changed: %v, want an error naming %s", err, moved)
+	}
+
 	bad := t.TempDir()
 	if err := os.WriteFile(filepath.Join(bad, "config.json"), []byte("{"), 0o644); err != nil {
 		t.Fatal(err)

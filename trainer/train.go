@@ -623,6 +623,29 @@ type reference struct {
 	dir      string
 	opt      torchbridge.Options
 	resident *torchbridge.Policy // nil when reloaded
+	files    string              // the folder's files' names, sizes and times at start (reloaded)
+}
+
+// folderState lists dir's files with their sizes and modification times:
+// what a reloaded reference checks before each load, so that a checkpoint
+// changed during the run fails the step instead of scoring against
+// other weights.
+func folderState(dir string) (string, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return "", fmt.Errorf("KL reference: %w", err)
+	}
+	var b strings.Builder
+	for _, e := range ents {
+		fi, err := e.Info()
+		if err != nil {
+			return "", fmt.Errorf("KL reference: %w", err)
+		}
+		if fi.Mode().IsRegular() {
+			fmt.Fprintf(&b, "%s %d %d\n", e.Name(), fi.Size(), fi.ModTime().UnixNano())
+		}
+	}
+	return b.String(), nil
 }
 
 // openReference loads the reference in dir once, which checks it at start;
@@ -636,6 +659,9 @@ func openReference(dir string, opt torchbridge.Options, reload bool) (*reference
 	if reload {
 		r.resident = nil
 		if err := p.Close(); err != nil {
+			return nil, err
+		}
+		if r.files, err = folderState(dir); err != nil {
 			return nil, err
 		}
 	}
@@ -665,6 +691,11 @@ func (r *reference) score(ctx context.Context, seqs []torchbridge.Sequence, micr
 	// what the reference leaves).
 	if err := torchbridge.ReleaseMemory(); err != nil {
 		return err
+	}
+	if now, err := folderState(r.dir); err != nil {
+		return err
+	} else if now != r.files {
+		return fmt.Errorf("KL reference: %s changed since the run started (policy.reload_reference reads it each step)", r.dir)
 	}
 	p, err := loadReference(r.dir, r.opt)
 	if err != nil {
