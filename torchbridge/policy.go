@@ -205,15 +205,15 @@ func (p *Policy) loadWeights(w *hfmodel.Weights, dir string) error {
 // setParamRange copies raw data of dtype into parameter name's elements
 // from offset on (flat order).
 func (p *Policy) setParamRange(name, dtype string, offset int64, data []byte) error {
-	return p.setRaw(name, dtype, data, func(h *C.rc_policy, cn *C.char, code C.int32_t, ptr unsafe.Pointer, n C.int64_t, msg **C.char) C.int {
+	return p.rawCall(name, dtype, data, func(h *C.rc_policy, cn *C.char, code C.int32_t, ptr unsafe.Pointer, n C.int64_t, msg **C.char) C.int {
 		return C.rc_policy_set_param_range(h, cn, code, C.int64_t(offset), ptr, n, msg)
 	})
 }
 
-// setRaw runs set (a bridge call that copies raw data of dtype into the
-// tensor name) on the torch thread with its C arguments.
-func (p *Policy) setRaw(name, dtype string, data []byte,
-	set func(h *C.rc_policy, cn *C.char, code C.int32_t, ptr unsafe.Pointer, n C.int64_t, msg **C.char) C.int) error {
+// rawCall runs call (a bridge call that copies raw data of dtype into or
+// out of the tensor name) on the torch thread with its C arguments.
+func (p *Policy) rawCall(name, dtype string, data []byte,
+	call func(h *C.rc_policy, cn *C.char, code C.int32_t, ptr unsafe.Pointer, n C.int64_t, msg **C.char) C.int) error {
 	code, ok := dtypeCodes[dtype]
 	if !ok {
 		return fmt.Errorf("torchbridge: tensor %q: unsupported dtype %q", name, dtype)
@@ -226,7 +226,7 @@ func (p *Policy) setRaw(name, dtype string, data []byte,
 		if len(data) > 0 {
 			ptr = unsafe.Pointer(&data[0])
 		}
-		return status(set(h, cn, code, ptr, C.int64_t(len(data)), &msg), msg)
+		return status(call(h, cn, code, ptr, C.int64_t(len(data)), &msg), msg)
 	})
 }
 
@@ -378,26 +378,15 @@ func (p *Policy) call(ctx context.Context, fn func(h *C.rc_policy) error) error 
 // SetParam copies raw little-endian data of dtype ("F32", "BF16", "F16") into
 // a parameter or optimizer tensor.
 func (p *Policy) SetParam(name, dtype string, data []byte) error {
-	return p.setRaw(name, dtype, data, func(h *C.rc_policy, cn *C.char, code C.int32_t, ptr unsafe.Pointer, n C.int64_t, msg **C.char) C.int {
+	return p.rawCall(name, dtype, data, func(h *C.rc_policy, cn *C.char, code C.int32_t, ptr unsafe.Pointer, n C.int64_t, msg **C.char) C.int {
 		return C.rc_policy_set_param(h, cn, code, ptr, n, msg)
 	})
 }
 
 // GetParam copies a parameter or optimizer tensor into buf as dtype.
 func (p *Policy) GetParam(name, dtype string, buf []byte) error {
-	code, ok := dtypeCodes[dtype]
-	if !ok {
-		return fmt.Errorf("torchbridge: tensor %q: unsupported dtype %q", name, dtype)
-	}
-	return p.call(context.Background(), func(h *C.rc_policy) error {
-		cn := C.CString(name)
-		defer C.free(unsafe.Pointer(cn))
-		var msg *C.char
-		var ptr unsafe.Pointer
-		if len(buf) > 0 {
-			ptr = unsafe.Pointer(&buf[0])
-		}
-		return status(C.rc_policy_get_param(h, cn, code, ptr, C.int64_t(len(buf)), &msg), msg)
+	return p.rawCall(name, dtype, buf, func(h *C.rc_policy, cn *C.char, code C.int32_t, ptr unsafe.Pointer, n C.int64_t, msg **C.char) C.int {
+		return C.rc_policy_get_param(h, cn, code, ptr, n, msg)
 	})
 }
 
