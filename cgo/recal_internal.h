@@ -279,7 +279,10 @@ struct rc_policy {
     for (size_t i = 0; i < params.size(); i++) {
       n += params[i].numel();
       if (n >= cap || i + 1 == params.size()) {
-        buckets.push_back(torch::zeros({n}, opts));
+        // Zeroed by zero_release: on the CPU no page is touched until a
+        // sum is copied in or a backward adds into it.
+        buckets.push_back(torch::empty({n}, opts));
+        zero_release(buckets.back());
         bucket_spans.emplace_back(first, i + 1);
         first = i + 1;
         n = 0;
@@ -287,8 +290,6 @@ struct rc_policy {
       }
     }
     sums_zero = zero;
-    if (zero)  // made zero-filled: their pages go back until a backward adds into them
-      for (auto& b : buckets) zero_release(b);
   }
 
   // Zeroes a contiguous CPU tensor by handing its whole pages back to the

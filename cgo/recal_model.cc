@@ -579,15 +579,21 @@ bool graph_extend(rc_cache& c, int64_t n, const int64_t* rows, int64_t width, co
 
 }  // namespace recal
 
+namespace {
+
+// Hands the pages of the heap's free memory back to the system (glibc's
+// malloc_trim; nothing elsewhere).
+void release_heap() {
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
+}
+
+}  // namespace
+
 extern "C" {
 
-int rc_release_memory(char** err) {
-  return guarded(err, [&] {
-#ifdef __GLIBC__
-    malloc_trim(0);
-#endif
-  });
-}
+int rc_release_memory(char** err) { return guarded(err, [&] { release_heap(); }); }
 
 int rc_set_threads(int32_t n, char** err) {
   return guarded(err, [&] {
@@ -654,14 +660,12 @@ int rc_policy_new(const rc_config* cfg, const char* device, int32_t dtype, rc_po
 void rc_policy_free(rc_policy* p) {
   if (!p) return;
   delete p;
-#ifdef __GLIBC__
   // The policy's tensors below the mmap threshold (UseTrainingMalloc: 32
   // MiB, every weight of a 0.5B model but the embedding) were freed into
   // the heap, which keeps them (the trim threshold is 16 GiB); hand their
   // pages back, so that a policy loaded and freed each step (the KL
   // reference under policy.reload_reference) leaves no resident holes.
-  malloc_trim(0);
-#endif
+  release_heap();
 }
 
 int rc_policy_set_checkpointing(rc_policy* p, int32_t on, char** err) {

@@ -17,6 +17,22 @@
 using torch::Tensor;
 using namespace recal;
 
+namespace {
+
+// Copies src (flat, any dtype) into elements [offset, offset + its length)
+// of parameter i, in flat order, and into the parameter's float32 master
+// copy where there is one (sharded: the part in this rank's share).
+void set_param_elems(rc_policy& p, int i, const Tensor& src, int64_t offset) {
+  auto n = src.numel();
+  p.params[i].view({-1}).narrow(0, offset, n).copy_(src);
+  if (p.master.empty()) return;
+  int64_t lo = p.sharded() ? p.own_lo[i] : 0, hi = p.sharded() ? p.own_hi[i] : p.params[i].numel();
+  int64_t a = std::max(lo, offset), b = std::min(hi, offset + n);
+  if (a < b) p.master[i].view({-1}).narrow(0, a - lo, b - a).copy_(src.narrow(0, a - offset, b - a));
+}
+
+}  // namespace
+
 extern "C" {
 
 int rc_policy_param_info(rc_policy* p, int64_t i, const char** name, int32_t* ndim, int64_t* shape, char** err) {
@@ -56,16 +72,12 @@ int rc_policy_set_param(rc_policy* p, const char* name, int32_t dtype, const voi
       fail("tensor \"" + std::string(name) + "\": " + std::to_string(nbytes) + " bytes, want " + std::to_string(want) +
            " for shape " + shape_str(dst.sizes()));
     auto src = torch::from_blob(const_cast<void*>(data), dst.sizes(), torch::TensorOptions().dtype(st));
-    dst.copy_(src);
-    // Keep the float32 master copy (if any) in step with the parameter.
+    // A parameter keeps its float32 master copy (if any) in step.
     auto it = p->index.find(name);
-    if (it != p->index.end() && !p->master.empty()) {
-      auto i = it->second;
-      if (p->sharded())
-        p->master[i].copy_(src.reshape({-1}).narrow(0, p->own_lo[i], p->own_hi[i] - p->own_lo[i]));
-      else
-        p->master[i].copy_(src);
-    }
+    if (it != p->index.end())
+      set_param_elems(*p, it->second, src.reshape({-1}), 0);
+    else
+      dst.copy_(src);
   });
 }
 
@@ -84,14 +96,7 @@ int rc_policy_set_param_range(rc_policy* p, const char* name, int32_t dtype, int
            " do not fit its " + std::to_string(numel) + " elements");
     int64_t n = nbytes / es;
     if (n == 0) return;
-    auto src = torch::from_blob(const_cast<void*>(data), {n}, torch::TensorOptions().dtype(st));
-    dst.view({-1}).narrow(0, offset, n).copy_(src);
-    // The float32 master copy (if any; sharded: this rank's share) follows.
-    if (!p->master.empty()) {
-      int64_t lo = p->sharded() ? p->own_lo[i] : 0, hi = p->sharded() ? p->own_hi[i] : numel;
-      int64_t a = std::max(lo, offset), b = std::min(hi, offset + n);
-      if (a < b) p->master[i].view({-1}).narrow(0, a - lo, b - a).copy_(src.narrow(0, a - offset, b - a));
-    }
+    set_param_elems(*p, i, torch::from_blob(const_cast<void*>(data), {n}, torch::TensorOptions().dtype(st)), offset);
   });
 }
 

@@ -203,8 +203,8 @@ func (w *Weights) Read(t *Tensor) ([]byte, error) {
 		return nil, fmt.Errorf("hfmodel: %s: tensor %q: unsupported dtype %q (want F32, BF16 or F16)", t.path, t.Name, t.DType)
 	}
 	buf := make([]byte, t.size)
-	if _, err := t.file.ReadAt(buf, t.begin); err != nil {
-		return nil, fmt.Errorf("hfmodel: %s: tensor %q: %w", t.path, t.Name, err)
+	if err := w.ReadAt(t, buf, 0); err != nil {
+		return nil, err
 	}
 	return buf, nil
 }
