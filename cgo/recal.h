@@ -76,10 +76,11 @@ void rc_policy_free(rc_policy* p);
 int rc_policy_num_params(rc_policy* p, int64_t* out, char** err);
 
 /* Makes the policy hold only rank's share (of world ranks) of its AdamW
- * moments and float32 master weights (ZeRO-1): the parameters, laid end to
- * end (each padded to a multiple of 64 elements), are cut into world nearly
- * equal ranges; rc_policy_step then updates this rank's range only, and
- * rc_dist_gather_params gives every rank the others'. State already present
+ * moments and float32 master weights (ZeRO-1): each parameter's elements
+ * are cut into world nearly equal ranges at multiples of 64, rank r
+ * holding the r-th of every parameter; rc_policy_step then updates this
+ * rank's ranges only, and rc_dist_gather_params gives every rank the
+ * others'. State already present
  * whole is cut to the share; world 1 undoes nothing (reshard through a
  * checkpoint). Optimizer tensors are then written by name whole (the rank
  * keeps its share) and read whole only after rc_dist_gather_state. */
@@ -357,6 +358,28 @@ int rc_dist_prepare_update(rc_dist* d, rc_policy* p, char** err);
  * buffers hold one round). A no-op for an unsharded policy of a group of
  * one. */
 int rc_dist_gather_params(rc_dist* d, rc_policy* p, char** err);
+
+/* ZeRO-2 on the CPU: on (non-zero), the gradient sums of p, sharded as this
+ * rank of this group (rc_policy_shard_optimizer) and bucketed
+ * (rc_dist_prepare_update), are sharded too: rc_dist_allreduce_grads (and
+ * an armed backward, rc_dist_reduce_in_backward) all-reduces each bucket as
+ * ZeRO-1 does, keeps the terms of the gradient norm rc_policy_step clips
+ * by, and gives back the bucket's pages that hold none of this rank's
+ * shares; the step reads only this rank's shares. The same weights bit for
+ * bit. Off: whole sums again. The group must outlive the setting (freeing
+ * either ends it). */
+int rc_dist_shard_gradients(rc_dist* d, rc_policy* p, int32_t on, char** err);
+
+/* Arms p's next backward (rc_policy_backward, rc_policy_backward_nll: the
+ * last of this rank's update, whose gradients complete the sums) to
+ * all-reduce, with checkpointed layers, each bucket as soon as the
+ * backward has made every gradient in it, layer by layer from the top;
+ * rc_dist_allreduce_grads, which every rank then calls, reduces the rest.
+ * Every rank reduces the buckets in the same order, wherever it does, so
+ * a rank that arms no backward (it had no rows) still meets the others. A
+ * policy whose gradients are not sharded (rc_dist_shard_gradients) is an
+ * error. */
+int rc_dist_reduce_in_backward(rc_dist* d, rc_policy* p, char** err);
 
 /* Gathers a sharded policy's whole optimizer state on rank root (CPU
  * float32), where the optimizer tensors can then be read by name whole

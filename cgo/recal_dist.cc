@@ -31,7 +31,9 @@
 #include <gloo/math.h>
 #endif
 
+#include <algorithm>
 #include <chrono>
+#include <limits>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -133,6 +135,10 @@ struct rc_dist {
   c10::intrusive_ptr<c10d::ProcessGroupNCCL> nccl;  // CUDA gradients
 #endif
   std::string broken;  // the first failure; non-empty makes every later call fail
+  // ZeRO-2: the policies whose gradients are sharded over this group
+  // (rc_dist_shard_gradients), and the bucket all-reduces in flight.
+  std::vector<rc_policy*> grad_policies;
+  std::vector<std::pair<size_t, c10::intrusive_ptr<c10d::Work>>> pending;
 };
 
 namespace {
@@ -209,7 +215,103 @@ c10::intrusive_ptr<c10d::Work> allreduce(rc_dist* d, torch::Tensor& t) {
   return d->gloo->allreduce(ts, o);
 }
 
+// ZeRO-2 (rc_dist_shard_gradients). When each bucket of p is complete and
+// the order every rank reduces them in: a bucket of layer parameters only
+// after the backward of the lowest layer it holds (checkpointed layers
+// report it: rc_policy::after_layer), any other (the embedding, the output
+// head, the final norm, a value head) at the end; by that layer, then by
+// index, descending, as the backward makes them.
+void order_buckets(rc_policy* p) {
+  std::vector<int64_t> layer_of(p->params.size(), -1);
+  for (size_t l = 0; l < p->layers.size(); l++) {
+    const auto& ly = p->layers[l];
+    for (int i : {ly.in_norm, ly.q_w, ly.q_b, ly.k_w, ly.k_b, ly.v_w, ly.v_b, ly.o_w, ly.post_norm, ly.gate, ly.up, ly.down})
+      if (i >= 0) layer_of[i] = (int64_t)l;
+  }
+  size_t nb = p->buckets.size();
+  p->bucket_ready.assign(nb, 0);
+  p->bucket_order.clear();
+  for (size_t b = 0; b < nb; b++) {
+    int64_t ready = std::numeric_limits<int64_t>::max();
+    for (size_t i = p->bucket_spans[b].first; i < p->bucket_spans[b].second; i++) ready = std::min(ready, layer_of[i]);
+    p->bucket_ready[b] = ready;
+    p->bucket_order.push_back(b);
+  }
+  std::stable_sort(p->bucket_order.begin(), p->bucket_order.end(), [&](size_t a, size_t b) {
+    return p->bucket_ready[a] != p->bucket_ready[b] ? p->bucket_ready[a] > p->bucket_ready[b] : a > b;
+  });
+  p->buckets_reduced = 0;
+}
+
+// Starts the all-reduce of the next buckets in p's order that are complete
+// once layer's backward is done (layer -1: all the rest). A bfloat16
+// policy's gradients of those parameters join their sums first, as
+// flush_grads would add them.
+void launch_ready(rc_dist* d, rc_policy* p, int64_t layer) {
+  while (p->buckets_reduced < p->bucket_order.size()) {
+    size_t b = p->bucket_order[p->buckets_reduced];
+    if (layer >= 0 && p->bucket_ready[b] < layer) break;
+    for (size_t i = p->bucket_spans[b].first; i < p->bucket_spans[b].second; i++) {
+      auto& t = p->params[i];
+      if (p->grad_is_view(i) || (int)i == p->lm_head || !t.grad().defined()) continue;
+      p->grad32[i].add_(t.grad().to(torch::kFloat32));
+      t.mutable_grad() = torch::Tensor();
+    }
+    collective(d, "allreduce_grads", [&] { d->pending.emplace_back(b, allreduce(d, p->buckets[b])); });
+    p->buckets_reduced++;
+  }
+}
+
+// Waits for the first n bucket all-reduces in flight; for each, keeps its
+// parameters' gradient norm terms, then gives back the bucket's pages that
+// hold none of this rank's shares (what is left there is never read: the
+// step reads the shares, and zeroes the buckets after).
+void settle(rc_dist* d, rc_policy* p, size_t n) {
+  n = std::min(n, d->pending.size());
+  auto pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+  if (p->norm_terms.size() != p->params.size()) p->norm_terms.assign(p->params.size(), {});
+  for (size_t k = 0; k < n; k++) {
+    auto [b, w] = d->pending[k];
+    collective(d, "allreduce_grads", [&] { wait(d, w); });
+    for (size_t i = p->bucket_spans[b].first; i < p->bucket_spans[b].second; i++)
+      p->norm_terms[i] = recal::grad_norm_terms(p->grad32[i]);
+    auto& t = p->buckets[b];
+    if (!t.device().is_cpu()) continue;
+    auto base = (uintptr_t)t.data_ptr();
+    auto drop = [&](uintptr_t from, uintptr_t to) {
+      uintptr_t lo = (from + pg - 1) / pg * pg, hi = to / pg * pg;
+      if (hi > lo) madvise((void*)lo, hi - lo, MADV_DONTNEED);  // refused: the pages stay, nothing else changes
+    };
+    uintptr_t kept = base;  // the end of the last share
+    int64_t off = 0;
+    for (size_t i = p->bucket_spans[b].first; i < p->bucket_spans[b].second; i++) {
+      auto [lo, hi] = p->share(i, p->shard_rank, p->shard_world);
+      if (hi > lo) {
+        drop(kept, base + (uintptr_t)(off + lo) * 4);
+        kept = base + (uintptr_t)(off + hi) * 4;
+      }
+      off += p->params[i].numel();
+    }
+    drop(kept, base + t.nbytes());
+  }
+  d->pending.erase(d->pending.begin(), d->pending.begin() + n);
+}
+
+// Ends p's ZeRO-2 on d (either is being freed, or it is turned off).
+void unlink(rc_dist* d, rc_policy* p) {
+  p->grad_group = nullptr;
+  p->after_layer = nullptr;
+  p->norm_terms.clear();
+  d->grad_policies.erase(std::remove(d->grad_policies.begin(), d->grad_policies.end(), p), d->grad_policies.end());
+}
+
 }  // namespace
+
+namespace recal {
+void forget_grad_group(rc_policy* p) {
+  if (p->grad_group) unlink(p->grad_group, p);
+}
+}  // namespace recal
 
 extern "C" {
 
@@ -306,6 +408,9 @@ int rc_dist_new(const rc_dist_opts* o, rc_dist** out, char** err) {
 
 void rc_dist_free(rc_dist* d) {
   try {
+    if (!d) return;
+    d->pending.clear();
+    while (!d->grad_policies.empty()) unlink(d, d->grad_policies.back());
     delete d;  // joins Gloo's threads; waits for queued work (bounded by the timeout)
   } catch (...) {
   }
@@ -319,11 +424,56 @@ int rc_dist_allreduce_grads(rc_dist* d, rc_policy* p, char** err) {
     // The sums live in the policy's buckets from the first call on (the
     // gradients as bucket views): each bucket is all-reduced where it is.
     p->bucket_grads(d->bucket_bytes);
+    if (p->grad_group == d) {  // ZeRO-2: the buckets an armed backward left, in the same order
+          p->after_layer = nullptr;
+      if (p->bucket_order.size() != p->buckets.size()) fail("allreduce_grads: the gradient buckets changed while sharded");
+      launch_ready(d, p, -1);
+      settle(d, p, d->pending.size());
+      return;
+    }
     collective(d, "allreduce_grads", [&] {
       std::vector<c10::intrusive_ptr<c10d::Work>> works;
       for (auto& b : p->buckets) works.push_back(allreduce(d, b));
       for (auto& w : works) wait(d, w);
     });
+  });
+}
+
+int rc_dist_shard_gradients(rc_dist* d, rc_policy* p, int32_t on, char** err) {
+  return guarded(err, [&] {
+    if (!on) {
+      if (p->grad_group == d) unlink(d, p);
+      return;
+    }
+    if (p->grad_group == d) return;
+    if (p->grad_group) fail("shard_gradients: the policy's gradients are sharded over another group");
+    if (!p->trainable) fail("shard_gradients: the policy is frozen");
+    if (!p->device.is_cpu())
+      fail("shard_gradients: the policy is on " + p->device.str() + "; sharded gradients give their memory back on the CPU only");
+    if (p->shard_world != d->size || p->shard_rank != d->rank || d->size < 2)
+      fail("shard_gradients: the optimizer must be sharded over this group of " + std::to_string(d->size) +
+           " ranks first (rank " + std::to_string(p->shard_rank) + " of " + std::to_string(p->shard_world) + " now; at least 2)");
+    if (p->buckets.empty() || p->bucketed_params != p->params.size())
+      fail("shard_gradients: the gradient buckets must be made first (rc_dist_prepare_update)");
+    order_buckets(p);
+    p->grad_group = d;
+    d->grad_policies.push_back(p);
+  });
+}
+
+int rc_dist_reduce_in_backward(rc_dist* d, rc_policy* p, char** err) {
+  return guarded(err, [&] {
+    if (p->grad_group != d) fail("reduce_in_backward: the policy's gradients are not sharded over this group (rc_dist_shard_gradients)");
+    if (p->buckets_reduced > 0) fail("reduce_in_backward: this update's buckets are being reduced already");
+    if (p->bucket_order.size() != p->buckets.size() || p->bucketed_params != p->params.size())
+      fail("reduce_in_backward: the gradient buckets changed since rc_dist_shard_gradients");
+    p->after_layer = [d, p](int64_t layer) {
+      // Start the buckets this layer completed, then settle those started
+      // before (their all-reduces ran during this layer's backward).
+      size_t older = d->pending.size();
+      launch_ready(d, p, layer);
+      settle(d, p, older);
+    };
   });
 }
 
@@ -339,36 +489,38 @@ int rc_dist_gather_params(rc_dist* d, rc_policy* p, char** err) {
            std::to_string(d->size));
     if (!p->sharded()) return;
     torch::NoGradGuard ng;
-    // In rounds: in round k every rank sends elements k·cap … (k+1)·cap of
-    // its own range of the parameters laid end to end (rc_policy::share's
-    // layout), at most cap elements, about bucket_bytes. The buffers (this
-    // rank's piece, every rank's, and c10d's flat copy of them) then hold
-    // one round of every rank's range, however large a parameter is (a
-    // large vocabulary's embedding would otherwise be one round, and that
-    // round several copies of it). The rounds depend on the shapes alone:
-    // every rank cuts the same ones.
+    // In rounds: rank r's elements are its shares of the parameters, one
+    // after the other in parameter order; in round k every rank sends its
+    // elements k·cap … (k+1)·cap, at most cap elements, about
+    // bucket_bytes. The buffers (this rank's piece, every rank's, and
+    // c10d's flat copy of them) then hold one round of every rank's
+    // shares, however large a parameter is. The rounds depend on the
+    // shapes alone: every rank cuts the same ones.
     int64_t es = (int64_t)c10::elementSize(p->dtype);
     int64_t cap = std::max<int64_t>(1 << 16, d->bucket_bytes / es);
-    int64_t total = 0;
-    auto base = p->shard_bases(&total);
-    auto cut = [&](int64_t r) { return rc_policy::shard_cut(r, d->size, total); };
+    size_t n = p->params.size();
+    // at[r][i]: where parameter i's share starts among rank r's elements.
+    std::vector<std::vector<int64_t>> at(d->size, std::vector<int64_t>(n + 1, 0));
     int64_t longest = 0;
-    for (int r = 0; r < d->size; r++) longest = std::max(longest, cut(r + 1) - cut(r));
+    for (int r = 0; r < d->size; r++) {
+      for (size_t i = 0; i < n; i++) {
+        auto s = p->share(i, r, d->size);
+        at[r][i + 1] = at[r][i] + (s.second - s.first);
+      }
+      longest = std::max(longest, at[r][n]);
+    }
     auto flat = [&](size_t i) { return p->params[i].view({-1}).view(torch::kUInt8); };
     auto opts = torch::TensorOptions().dtype(torch::kUInt8).device(p->device);
-    // The elements [g0, g1) of the layout that rank r sends in round k.
-    auto piece = [&](int r, int64_t k) {
-      int64_t g0 = std::min(cut(r) + k * cap, cut(r + 1));
-      return std::make_pair(g0, std::min(g0 + cap, cut(r + 1)));
-    };
-    // Copies between the parameters' elements in [g0, g1) and buf (the
-    // padding between parameters stays unused): into buf when out.
-    auto move = [&](std::pair<int64_t, int64_t> g, const torch::Tensor& buf, bool out) {
-      for (size_t i = 0; i < p->params.size(); i++) {
-        int64_t lo = std::max(g.first, base[i]), hi = std::min(g.second, base[i] + p->params[i].numel());
+    // Copies between rank r's elements [k·cap, (k+1)·cap) and buf (a short
+    // last round leaves the rest of buf unused): into buf when out.
+    auto move = [&](int r, int64_t k, const torch::Tensor& buf, bool out) {
+      int64_t g0 = k * cap, g1 = std::min(g0 + cap, at[r][n]);
+      for (size_t i = 0; i < n; i++) {
+        int64_t lo = std::max(g0, at[r][i]), hi = std::min(g1, at[r][i + 1]);
         if (hi <= lo) continue;
-        auto pv = flat(i).narrow(0, (lo - base[i]) * es, (hi - lo) * es);
-        auto bv = buf.narrow(0, (lo - g.first) * es, (hi - lo) * es);
+        auto first = p->share(i, r, d->size).first + (lo - at[r][i]);
+        auto pv = flat(i).narrow(0, first * es, (hi - lo) * es);
+        auto bv = buf.narrow(0, (lo - g0) * es, (hi - lo) * es);
         if (out)
           bv.copy_(pv);
         else
@@ -377,7 +529,7 @@ int rc_dist_gather_params(rc_dist* d, rc_policy* p, char** err) {
     };
     for (int64_t k = 0; k * cap < longest; k++) {
       auto mine = torch::zeros({cap * es}, opts);  // the values travel as bytes (Gloo has no bfloat16)
-      move(piece(d->rank, k), mine, true);
+      move(d->rank, k, mine, true);
       std::vector<torch::Tensor> all;
       for (int r = 0; r < d->size; r++) all.push_back(torch::empty({cap * es}, opts));
       collective(d, "gather_params", [&] {
@@ -397,7 +549,7 @@ int rc_dist_gather_params(rc_dist* d, rc_policy* p, char** err) {
         all = outputs[0];
       });
       for (int r = 0; r < d->size; r++)
-        if (r != d->rank) move(piece(r, k), all[r], false);
+        if (r != d->rank) move(r, k, all[r], false);
     }
   });
 }
@@ -545,6 +697,10 @@ int rc_dist_barrier(rc_dist* d, char** err) {
 // process needs none, and every rc_dist call says why there is none.
 struct rc_dist {};
 
+namespace recal {
+void forget_grad_group(rc_policy*) {}
+}  // namespace recal
+
 namespace {
 [[noreturn]] void no_gloo() {
   fail("process group: this build has no Gloo (its headers were not found when it was built: see GLOO_INC in the Makefile), so it runs one process only");
@@ -565,6 +721,10 @@ void rc_dist_free(rc_dist* d) { delete d; }
 int rc_dist_allreduce_grads(rc_dist*, rc_policy*, char** err) { return guarded(err, [&] { no_gloo(); }); }
 
 int rc_dist_gather_params(rc_dist*, rc_policy*, char** err) { return guarded(err, [&] { no_gloo(); }); }
+
+int rc_dist_shard_gradients(rc_dist*, rc_policy*, int32_t, char** err) { return guarded(err, [&] { no_gloo(); }); }
+
+int rc_dist_reduce_in_backward(rc_dist*, rc_policy*, char** err) { return guarded(err, [&] { no_gloo(); }); }
 
 int rc_dist_gather_state(rc_dist*, rc_policy*, int32_t, char** err) { return guarded(err, [&] { no_gloo(); }); }
 

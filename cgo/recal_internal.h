@@ -10,11 +10,13 @@
 #include <torch/types.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <malloc.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -38,6 +40,14 @@ struct Layer {
 // Sets OpenBLAS's thread count to the calling thread's libtorch thread
 // count, when OpenBLAS is the BLAS libtorch runs on (recal.cc).
 void sync_blas_threads();
+
+// Hands the pages of the heap's free memory back to the system (glibc's
+// malloc_trim; nothing elsewhere).
+inline void trim_heap() {
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
+}
 
 // Runs fn, converting every exception into a status and a malloc'd message.
 // First it gives OpenBLAS the calling thread's thread count: OpenBLAS keeps
@@ -125,6 +135,7 @@ struct rc_policy {
 
   const torch::Tensor& P(int i) const { return params[i]; }
 
+
   // Gradient buckets (bucket_grads, for the data-parallel all-reduce):
   // flat float32 buffers that hold the gradient sums, grad32[i] a view of
   // one, kept across steps and zeroed after each (never freed), so the
@@ -144,12 +155,13 @@ struct rc_policy {
   // ZeRO-1 (shard_optimizer): with shard_world > 1 this rank holds the
   // AdamW moments (and master weights) of its share of every parameter's
   // elements only, own_lo[i]..own_hi[i], and updates only those; the
-  // ranks then all-gather the parameters (rc_dist_gather_params). The
-  // shares cut the parameters, laid end to end with each padded to a
-  // multiple of kShardAlign elements, into world nearly equal ranges at
-  // multiples of kShardAlign: a cut falls at a multiple of kShardAlign
-  // inside a parameter, so an elementwise update of a share runs the same
-  // vector and scalar loops on each element as one of the whole tensor.
+  // ranks then all-gather the parameters (rc_dist_gather_params). Rank r's
+  // share of a parameter is the r-th of world nearly equal parts of its
+  // elements, cut at multiples of kShardAlign (the last rank's ends with
+  // the parameter): every rank holds about 1/world of every parameter, the
+  // largest (a large vocabulary's embedding) included, and an elementwise
+  // update of a share runs the same vector and scalar loops on each
+  // element as one of the whole tensor.
   static constexpr int64_t kShardAlign = 64;
   int64_t shard_rank = 0, shard_world = 1;
   std::vector<int64_t> own_lo, own_hi;
@@ -159,33 +171,36 @@ struct rc_policy {
 
   bool sharded() const { return shard_world > 1; }
 
-  // The parameters laid end to end, each padded to kShardAlign elements:
-  // where each starts, and the whole length (*total).
-  std::vector<int64_t> shard_bases(int64_t* total) const {
-    std::vector<int64_t> base(params.size());
-    int64_t t = 0;
-    for (size_t j = 0; j < params.size(); j++) {
-      base[j] = t;
-      t += (params[j].numel() + kShardAlign - 1) / kShardAlign * kShardAlign;
-    }
-    *total = t;
-    return base;
-  }
-
-  // Where rank k's range of that layout starts (k == world: its end).
-  static int64_t shard_cut(int64_t k, int64_t world, int64_t total) {
-    return k == world ? total : total / kShardAlign * k / world * kShardAlign;
-  }
-
   // The element range [lo, hi) of parameter i that rank r owns among world.
   std::pair<int64_t, int64_t> share(size_t i, int64_t r, int64_t world) const {
-    int64_t total = 0;
-    auto base = shard_bases(&total)[i];
     int64_t n = params[i].numel();
-    int64_t lo = std::max(shard_cut(r, world, total), base), hi = std::min(shard_cut(r + 1, world, total), base + n);
-    if (hi <= lo) return {0, 0};
-    return {lo - base, hi - base};
+    auto cut = [&](int64_t k) { return k == world ? n : n / kShardAlign * k / world * kShardAlign; };
+    return {cut(r), cut(r + 1)};
   }
+
+  // ZeRO-2 (rc_dist_shard_gradients, on the CPU): the gradient sums are
+  // also sharded. An update's last backward on this rank (armed by
+  // rc_dist_reduce_in_backward) all-reduces each bucket as soon as every
+  // gradient in it is complete (with checkpointed layers: after the
+  // backward of the lowest layer it holds; the embedding's, the output
+  // head's and the final norm's at the end), rc_dist_allreduce_grads the
+  // rest; each reduced bucket's parameters then get their gradient
+  // norm's terms (norm_terms: what rc_policy_step would compute from the
+  // whole sum) and the bucket gives back the pages that hold none of this
+  // rank's shares. The step reads this rank's shares and the terms only.
+  // Every rank reduces the buckets in the same order (bucket_order), the
+  // same all-reduce of the same bucket ZeRO-1 runs: the same bits.
+  rc_dist* grad_group = nullptr;  // the group of rc_dist_shard_gradients; null: whole sums
+  std::vector<int64_t> bucket_ready;  // per bucket: the layer whose backward completes it (-1: the end)
+  std::vector<size_t> bucket_order;   // the order the buckets are reduced in (ready layer, then index, descending)
+  size_t buckets_reduced = 0;         // bucket_order's first buckets_reduced are reduced (or in flight)
+  // Called by CheckpointedLayer's backward after layer l's while the
+  // backward under way is armed (recal_dist.cc); empty otherwise.
+  std::function<void(int64_t l)> after_layer;
+  // Per parameter: its reduced gradient's squared sums, slice by slice
+  // (grad_norm_terms); empty unless the sums are sharded this step.
+  std::vector<std::vector<torch::Tensor>> norm_terms;
+  bool grads_sharded() const { return grad_group != nullptr && !norm_terms.empty(); }
 
   // Whether parameter i's .grad is a view of its bucket (see buckets).
   bool grad_is_view(size_t i) const {
@@ -365,6 +380,8 @@ struct rc_policy {
       sums_zero = false;
     }
     head_grad = torch::Tensor();
+    norm_terms.clear();
+    buckets_reduced = 0;
   }
 
   torch::Tensor find_tensor(const std::string& name) {
@@ -455,6 +472,15 @@ void extend_optimizer(rc_policy& p);
 void ensure_optimizer(rc_policy& p);
 // Makes the policy hold rank's share of the optimizer state among world.
 void shard_optimizer(rc_policy& p, int64_t rank, int64_t world);
+// The most elements of a parameter rc_policy_step updates at once: a larger
+// one (a large vocabulary's embedding) is updated slice by slice.
+constexpr int64_t kStepSlice = (int64_t)1 << 22;
+// The squared sums of g's slices of kStepSlice elements (g's whole for a
+// smaller g): added in order, the squared norm rc_policy_step clips by.
+std::vector<torch::Tensor> grad_norm_terms(const torch::Tensor& g);
+// ZeRO-2: forgets p's sharded gradients' group (rc_policy_free;
+// recal_dist.cc).
+void forget_grad_group(rc_policy* p);
 
 // Whether extend_rows can decode for this policy: float32 on the CPU.
 bool rows_supported(const rc_policy& p);

@@ -182,6 +182,19 @@ void shard_optimizer(rc_policy& p, int64_t rank, int64_t world) {
   cut(p.master);
 }
 
+std::vector<Tensor> grad_norm_terms(const Tensor& g) {
+  std::vector<Tensor> terms;
+  auto n = g.numel();
+  if (n <= kStepSlice) {
+    terms.push_back(g.pow(2).sum());
+    return terms;
+  }
+  if (!g.is_contiguous()) fail("step: a non-contiguous tensor cannot be updated in slices");
+  for (int64_t off = 0; off < n; off += kStepSlice)
+    terms.push_back(g.view({-1}).narrow(0, off, std::min(kStepSlice, n - off)).pow(2).sum());
+  return terms;
+}
+
 void ensure_optimizer(rc_policy& p) {
   if (!p.exp_avg.empty()) return;
   extend_optimizer(p);
@@ -387,7 +400,6 @@ int rc_policy_step(rc_policy* p, const rc_adamw_opts* o, double* grad_norm, char
     // copies of it; the update is elementwise, so the weights get the same
     // bits. Smaller parameters (every parameter of the tiny presets) are
     // one slice, as before.
-    constexpr int64_t kStepSlice = (int64_t)1 << 22;
     // fn(cut) for each slice of n elements, cut(t) being that slice of a
     // tensor of n elements (t itself when one slice holds them all).
     auto slices = [&](int64_t n, auto fn) {
@@ -398,9 +410,14 @@ int rc_policy_step(rc_policy* p, const rc_adamw_opts* o, double* grad_norm, char
           return t.view({-1}).narrow(0, off, len);
         });
     };
+    // The norm: sharded sums (ZeRO-2) kept their terms when they were
+    // reduced, computed by the same code from the same whole sums.
     auto total = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(p->device));
-    for (auto& g : grads)
-      if (g.defined()) slices(g.numel(), [&](auto cut) { total = total + cut(g).pow(2).sum(); });
+    bool kept = p->grads_sharded();
+    for (size_t i = 0; i < grads.size(); i++) {
+      if (!grads[i].defined()) continue;
+      for (auto& t : kept ? p->norm_terms[i] : grad_norm_terms(grads[i])) total = total + t;
+    }
     double norm = std::sqrt(total.item<double>());
     *grad_norm = norm;
     if (!std::isfinite(norm)) {  // skip the update; keep the state clean

@@ -205,6 +205,50 @@ func (g *ProcessGroup) GatherParams(ctx context.Context, p *Policy) error {
 	})
 }
 
+// ShardGradients turns ZeRO-2 on (or off) for p on the CPU: p's float32
+// gradient sums, already in buckets (PrepareUpdate) and with its optimizer
+// state sharded over this group (Policy.ShardOptimizer(g.Rank(),
+// g.Size())), are sharded too. AllReduceGrads (and a backward armed by
+// ReduceInBackward) all-reduces each bucket as before, keeps the terms of
+// the gradient norm Policy.Step clips by, and gives back the bucket's pages
+// that hold none of this rank's shares; the step reads only this rank's
+// shares. The same weights bit for bit as ZeRO-1. Closing the group or the
+// policy ends it. Local: no communication.
+func (g *ProcessGroup) ShardGradients(ctx context.Context, p *Policy, on bool) error {
+	if err := g.begin(ctx); err != nil {
+		return err
+	}
+	defer g.mu.Unlock()
+	return p.call(ctx, func(h *C.rc_policy) error {
+		var msg *C.char
+		var v C.int32_t
+		if on {
+			v = 1
+		}
+		return status(C.rc_dist_shard_gradients(g.h, h, v, &msg), msg)
+	})
+}
+
+// ReduceInBackward arms p's next backward, the last of this rank's update
+// before AllReduceGrads, under ShardGradients: with checkpointed layers
+// (Policy.SetCheckpointing) it all-reduces each bucket as soon as the
+// backward has made every gradient in it, from the top layer down, and
+// gives back its pages outside this rank's shares, so that the whole sums
+// never exist at once; AllReduceGrads, which every rank then calls,
+// reduces the rest. Every rank reduces the buckets in the same order
+// wherever it does, so a rank that arms no backward still meets the
+// others. Local: no communication until the backward.
+func (g *ProcessGroup) ReduceInBackward(ctx context.Context, p *Policy) error {
+	if err := g.begin(ctx); err != nil {
+		return err
+	}
+	defer g.mu.Unlock()
+	return p.call(ctx, func(h *C.rc_policy) error {
+		var msg *C.char
+		return status(C.rc_dist_reduce_in_backward(g.h, h, &msg), msg)
+	})
+}
+
 // GatherState gathers a sharded policy's whole optimizer state on rank
 // root, where SaveOptimizer can then write it; every rank calls it, and
 // root calls DropGatheredState when the checkpoint is written. A no-op for

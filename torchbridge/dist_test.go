@@ -493,6 +493,16 @@ func TestProcessGroupOneProcess(t *testing.T) {
 	if !slicesEqual(before, getF32(t, p, name, p.Params()[0].Numel())) {
 		t.Fatalf("the all-reduce over one rank changed the gradient")
 	}
+	// ZeRO-2 needs ranks to shard over: a group of one is refused, naming why.
+	if err := p.ShardOptimizer(0, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.PrepareUpdate(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.ShardGradients(ctx, p, true); err == nil || !strings.Contains(err.Error(), "at least 2") {
+		t.Fatalf("sharded gradients over one rank: %v, want an error asking for at least 2 ranks", err)
+	}
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
 	if err := g.Barrier(cancelled); !errors.Is(err, context.Canceled) {

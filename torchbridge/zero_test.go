@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -72,8 +73,9 @@ func TestZeROMatchesUnsharded(t *testing.T) {
 
 // zeroPolicy is a policy of dtype with the weights every rank starts from.
 // Its vocabulary of 4,096 makes the tied embedding 131,072 elements, so
-// that with 2 ranks the parameter all-gather's rounds (65,536 elements of
-// each rank's range) cut it, and rank 1's range starts inside it.
+// that each rank's shares, laid end to end, take the parameter
+// all-gather's rounds (65,536 elements of them) more than one round, cut
+// inside a share.
 func zeroPolicy(t *testing.T, dtype string) *torchbridge.Policy {
 	t.Helper()
 	p, err := torchbridge.NewPolicy(tinyConfig(4096, true), torchbridge.Options{DType: dtype})
@@ -102,13 +104,22 @@ func zeroBatch(r, s int) []torchbridge.Sequence {
 	return seqs
 }
 
-// zeroStep runs one data-parallel step on p: backward of this rank's data,
-// the gradient all-reduce, the optimizer step and, when sharded, the
-// parameter all-gather.
-func zeroStep(t *testing.T, ctx context.Context, g *torchbridge.ProcessGroup, p *torchbridge.Policy, sharded bool, step int) {
+// zeroStep runs one data-parallel step on p: backward of this rank's data
+// (none for the last rank at step 1: a rank without rows), the gradient
+// all-reduce, the optimizer step and, when sharded, the parameter
+// all-gather. arm: the backward is armed to reduce buckets as they
+// complete (ReduceInBackward, ZeRO-2).
+func zeroStep(t *testing.T, ctx context.Context, g *torchbridge.ProcessGroup, p *torchbridge.Policy, sharded, arm bool, step int) {
 	t.Helper()
-	if _, err := p.Backward(ctx, zeroBatch(g.Rank(), step), torchbridge.LossOptions{ClipEps: 0.2, Scale: 0.05, HeadChunk: 5}); err != nil {
-		t.Fatal(err)
+	if step != 1 || g.Rank() != g.Size()-1 {
+		if arm {
+			if err := g.ReduceInBackward(ctx, p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := p.Backward(ctx, zeroBatch(g.Rank(), step), torchbridge.LossOptions{ClipEps: 0.2, Scale: 0.05, HeadChunk: 5}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := g.AllReduceGrads(ctx, p); err != nil {
 		t.Fatal(err)
@@ -155,15 +166,47 @@ func helperZeRO(t *testing.T, ctx context.Context, g *torchbridge.ProcessGroup, 
 		if err := g.PrepareUpdate(ctx, prepared); err != nil {
 			t.Fatal(err)
 		}
+		// ZeRO-2: the gradient sums sharded too, with checkpointed layers
+		// (the armed backward reduces buckets layer by layer) and without
+		// (AllReduceGrads reduces them all).
+		zero2 := map[bool]*torchbridge.Policy{}
+		for _, ckpt := range []bool{true, false} {
+			p := zeroPolicy(t, dt)
+			if err := p.ShardOptimizer(g.Rank(), g.Size()); err != nil {
+				t.Fatal(err)
+			}
+			if err := g.ShardGradients(ctx, p, true); err == nil || !strings.Contains(err.Error(), "buckets must be made first") {
+				t.Fatalf("ShardGradients before PrepareUpdate: %v, want an error saying the buckets come first", err)
+			}
+			if err := g.PrepareUpdate(ctx, p); err != nil {
+				t.Fatal(err)
+			}
+			if err := g.ReduceInBackward(ctx, p); err == nil || !strings.Contains(err.Error(), "not sharded") {
+				t.Fatalf("ReduceInBackward without ShardGradients: %v, want an error", err)
+			}
+			if err := g.ShardGradients(ctx, p, true); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.SetCheckpointing(ckpt); err != nil {
+				t.Fatal(err)
+			}
+			zero2[ckpt] = p
+		}
 		for step := 0; step < 3; step++ {
-			zeroStep(t, ctx, g, plain, false, step)
-			zeroStep(t, ctx, g, sharded, true, step)
-			zeroStep(t, ctx, g, prepared, true, step)
+			zeroStep(t, ctx, g, plain, false, false, step)
+			zeroStep(t, ctx, g, sharded, true, false, step)
+			zeroStep(t, ctx, g, prepared, true, false, step)
 			if !bytes.Equal(weights(t, plain), weights(t, sharded)) {
 				t.Fatalf("%s, step %d, rank %d of %d: the sharded policy's weights differ from the unsharded one's", dt, step, g.Rank(), g.Size())
 			}
 			if !bytes.Equal(weights(t, plain), weights(t, prepared)) {
 				t.Fatalf("%s, step %d, rank %d of %d: with its update prepared (PrepareUpdate), the sharded policy's weights differ from the unsharded one's", dt, step, g.Rank(), g.Size())
+			}
+			for ckpt, p := range zero2 {
+				zeroStep(t, ctx, g, p, true, ckpt, step)
+				if !bytes.Equal(weights(t, plain), weights(t, p)) {
+					t.Fatalf("%s, step %d, rank %d of %d: with sharded gradients (checkpointed layers %v), the weights differ from the unsharded policy's", dt, step, g.Rank(), g.Size(), ckpt)
+				}
 			}
 		}
 		for _, p := range []*torchbridge.Policy{sharded, prepared} {
@@ -222,8 +265,8 @@ func helperZeROResume(t *testing.T, ctx context.Context, g *torchbridge.ProcessG
 		}
 		plain, sharded := load(false), load(true)
 		for step := 3; step < 5; step++ {
-			zeroStep(t, ctx, g, plain, false, step)
-			zeroStep(t, ctx, g, sharded, true, step)
+			zeroStep(t, ctx, g, plain, false, false, step)
+			zeroStep(t, ctx, g, sharded, true, false, step)
 			if !bytes.Equal(weights(t, plain), weights(t, sharded)) {
 				t.Fatalf("%s, resumed step %d, rank %d of %d: the sharded policy's weights differ from the unsharded one's", dt, step, g.Rank(), g.Size())
 			}
