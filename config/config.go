@@ -540,6 +540,9 @@ func (c *Config) Validate() error {
 	if err := c.Dist.Validate(); err != nil {
 		return err
 	}
+	if c.Dist.ShardGradients && c.Policy.Device != "cpu" {
+		return fmt.Errorf("dist.shard_gradients = true: sharded gradients give their memory back on the CPU only, and policy.device = %q", c.Policy.Device)
+	}
 	t := c.Train
 	checks := []struct {
 		bad bool

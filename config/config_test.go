@@ -108,6 +108,12 @@ provider = "openai"
 		{name: "device memory NaN", text: base, sets: []string{"policy.device_memory=nan"}, wantErr: "policy.device_memory"},
 		{name: "device memory infinite", text: base, sets: []string{"policy.device_memory=inf"}, wantErr: "policy.device_memory"},
 		{name: "negative ppo.kl_coef", text: base, sets: []string{"ppo.kl_coef=-0.1"}, wantErr: "ppo.kl_coef = -0.1"},
+		{name: "sharded gradients without a sharded optimizer", text: base, sets: []string{"dist.shard_gradients=true"},
+			wantErr: "dist.shard_gradients = true needs dist.shard_optimizer = true"},
+		{name: "ZeRO-2 on a GPU", text: base, sets: []string{"dist.shard_optimizer=true", "dist.shard_gradients=true", "policy.device=cuda"},
+			wantErr: "dist.shard_gradients = true: sharded gradients give their memory back on the CPU only"},
+		{name: "ZeRO-2", text: base, sets: []string{"dist.shard_optimizer=true", "dist.shard_gradients=true"},
+			check: func(c Config) bool { return c.Dist.ShardOptimizer && c.Dist.ShardGradients }},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -32,6 +32,14 @@ type Dist struct {
 	// of ranks or without sharding. Memory per rank: see docs/memory.md.
 	// Ignored by a job of one process.
 	ShardOptimizer bool `toml:"shard_optimizer"`
+	// ShardGradients also shards the float32 gradient sums (ZeRO-2; needs
+	// shard_optimizer; CPU policies only): each bucket is all-reduced as
+	// soon as its gradients are complete (with
+	// policy.gradient_checkpointing, layer by layer during the update's
+	// last backward; otherwise after it), then gives back the memory of the
+	// elements other ranks update. The same weights bit for bit. Memory per
+	// rank: see docs/memory.md. Ignored by a job of one process.
+	ShardGradients bool `toml:"shard_gradients"`
 }
 
 // DefaultDist returns the [dist] defaults.
@@ -48,6 +56,8 @@ func (d Dist) Validate() error {
 		return fmt.Errorf("dist.backend = %q: want \"auto\", \"gloo\" or \"nccl\"", d.Backend)
 	case d.BucketBytes < 1024:
 		return fmt.Errorf("dist.bucket_bytes = %d: must be ≥ 1024", d.BucketBytes)
+	case d.ShardGradients && !d.ShardOptimizer:
+		return fmt.Errorf("dist.shard_gradients = true needs dist.shard_optimizer = true (ZeRO-2 shards the gradients of the optimizer's shares)")
 	}
 	return nil
 }

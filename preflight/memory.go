@@ -35,7 +35,7 @@ func Options(cfg config.Config, job Job, promptLen, capacity int, ctxLen int64) 
 	world := max(job.World, 1)
 	cuda := strings.HasPrefix(cfg.Policy.Device, "cuda")
 	o := hfmodel.MemoryOptions{DType: cfg.Policy.DType, CUDA: cuda, Train: job.Train, World: world,
-		Checkpointing: cfg.Policy.GradientCheckpointing, ShardOptimizer: cfg.Dist.ShardOptimizer,
+		Checkpointing: cfg.Policy.GradientCheckpointing, ShardOptimizer: cfg.Dist.ShardOptimizer, ShardGradients: cfg.Dist.ShardGradients,
 		HeadChunk: cfg.Train.HeadChunk, PromptLen: promptLen, BucketBytes: int64(cfg.Dist.BucketBytes), Runtime: hfmodel.CPURuntime}
 	if cuda {
 		o.Runtime = hfmodel.CUDARuntime
@@ -122,7 +122,7 @@ func (c *Check) Memory(cfg config.Config, m *hfmodel.Config, job Job) {
 	} else if sets, _ := Remedy(cfg, m, job, promptLen, c.capacity, c.ctxLen, avail); sets != nil {
 		msg += "; it fits with " + strings.Join(sets, " ")
 	} else {
-		msg += "; no setting of policy.gradient_checkpointing, dist.shard_optimizer, policy.reload_reference, train.head_chunk, train.micro_batch or train.rollout_rows makes it fit with 10% to spare: use more ranks, a bigger device or bfloat16"
+		msg += "; no setting of policy.gradient_checkpointing, dist.shard_optimizer, dist.shard_gradients, policy.reload_reference, train.head_chunk, train.micro_batch or train.rollout_rows makes it fit with 10% to spare: use more ranks, a bigger device or bfloat16"
 	}
 	c.Problem("%s", msg)
 }
@@ -148,6 +148,9 @@ func Describe(o hfmodel.MemoryOptions, promptKnown bool) string {
 		b = append(b, fmt.Sprintf("update %d × %d-token micro-batch(es) of %d sequences", o.MicroBatches, o.SeqLen, o.MicroSeqs),
 			fmt.Sprintf("head_chunk %d", o.HeadChunk), onOff("checkpointing", o.Checkpointing),
 			onOff("optimizer sharded", o.ShardOptimizer && o.World > 1), klReference(o))
+		if o.ShardOptimizer && o.ShardGradients && o.World > 1 && !o.CUDA {
+			b = append(b, "gradients sharded")
+		}
 	}
 	return strings.Join(b, ", ")
 }
@@ -192,7 +195,8 @@ const Headroom = 0.10
 // Remedy searches for training settings that make the job fit (1 −
 // Headroom) of avail bytes: for the reference scoring, the update and the
 // step, in turn activation checkpointing, sharding the optimizer (several
-// ranks), reloading the KL reference each step, train.head_chunk 256 and
+// ranks), sharding the gradients (several ranks on the CPU), reloading the
+// KL reference each step, train.head_chunk 256 and
 // halving train.micro_batch, as far as needed;
 // then for the rollout the largest train.rollout_rows that fits. It
 // returns them as --set flags with the config they make, or nil when these
@@ -212,6 +216,10 @@ func Remedy(cfg config.Config, m *hfmodel.Config, job Job, promptLen, capacity i
 	if !trainFits() && job.World > 1 && !cfg.Dist.ShardOptimizer {
 		cfg.Dist.ShardOptimizer = true
 		sets = append(sets, "--set dist.shard_optimizer=true")
+	}
+	if !trainFits() && job.World > 1 && !cfg.Dist.ShardGradients && !strings.HasPrefix(cfg.Policy.Device, "cuda") {
+		cfg.Dist.ShardGradients = true
+		sets = append(sets, "--set dist.shard_gradients=true")
 	}
 	if !trainFits() && cfg.KLCoef() > 0 && !cfg.Policy.ReloadReference {
 		cfg.Policy.ReloadReference = true

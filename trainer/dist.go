@@ -70,13 +70,40 @@ type optimizerSharder interface {
 	DropGatheredState(ctx context.Context, p *torchbridge.Policy) error
 }
 
+// gradientSharder is a group that shards a policy's gradient sums over its
+// ranks (torchbridge.ProcessGroup: ZeRO-2).
+type gradientSharder interface {
+	ShardGradients(ctx context.Context, p *torchbridge.Policy, on bool) error
+	ReduceInBackward(ctx context.Context, p *torchbridge.Policy) error
+}
+
 // sharding is ZeRO-1 on one policy: after each optimizer step the ranks
 // all-gather the parameters each updated, and before a checkpoint they
-// gather the whole optimizer state on rank 0, which writes it.
+// gather the whole optimizer state on rank 0, which writes it. With grads
+// (dist.shard_gradients, ZeRO-2) the gradient sums are sharded too, and
+// each update's last backward on a rank reduces them as they complete.
 type sharding struct {
 	g     optimizerSharder
 	p     *torchbridge.Policy
 	guard func(string, func() error) error
+	grads gradientSharder
+}
+
+// shardGradients turns ZeRO-2 on, once the buckets exist (after prepare).
+func (s *sharding) shardGradients(ctx context.Context) error {
+	if s == nil || s.grads == nil {
+		return nil
+	}
+	return s.grads.ShardGradients(ctx, s.p, true)
+}
+
+// lastBackward arms the backward that completes this rank's gradients of
+// an update (ZeRO-2); a no-op otherwise.
+func (s *sharding) lastBackward(ctx context.Context) error {
+	if s == nil || s.grads == nil {
+		return nil
+	}
+	return s.grads.ReduceInBackward(ctx, s.p)
 }
 
 func (s *sharding) gatherParams(ctx context.Context) error {
@@ -97,9 +124,10 @@ type policyReducer interface {
 
 // newRanks binds g's gradient all-reduce to p, and with shard the sharding
 // of p's optimizer state (dist.shard_optimizer: ZeRO-1, when g has several
-// ranks and can shard); g nil is one process. A watched group's collectives
-// run under its watchdog.
-func newRanks(g dist.Group, p *torchbridge.Policy, shard bool) (ranks, error) {
+// ranks and can shard) and with grads its gradient sums' too
+// (dist.shard_gradients: ZeRO-2); g nil is one process. A watched group's
+// collectives run under its watchdog.
+func newRanks(g dist.Group, p *torchbridge.Policy, shard, grads bool) (ranks, error) {
 	if g == nil {
 		g = dist.Single()
 	}
@@ -117,6 +145,9 @@ func newRanks(g dist.Group, p *torchbridge.Policy, shard bool) (ranks, error) {
 		}
 		if sh, ok := inner.(optimizerSharder); ok && shard && g.Size() > 1 {
 			r.shard = &sharding{g: sh, p: p, guard: guard}
+			if gs, ok := inner.(gradientSharder); ok && grads {
+				r.shard.grads = gs
+			}
 		}
 		return r, nil
 	case dist.GradReducer:

@@ -164,11 +164,13 @@ func TestTrainDataParallel(t *testing.T) {
 		compareRuns(t, one, two, match{exactUpTo: 4, weights: map[string]float64{"sft": 0, "step-1": 0, "step-4": 0}})
 	})
 	// The KL reference reloaded each step too (policy.reload_reference),
-	// and the gradient buckets zeroed by giving their pages back.
-	t.Run("sharded optimizer, checkpointed layers and a reloaded reference compute what one process computes", func(t *testing.T) {
+	// the gradient buckets zeroed by giving their pages back, and the
+	// gradient sums sharded (ZeRO-2), reduced layer by layer in each
+	// update's last backward.
+	t.Run("sharded optimizer and gradients, checkpointed layers and a reloaded reference compute what one process computes", func(t *testing.T) {
 		sharded := filepath.Join(t.TempDir(), "sharded")
-		errs, outs, _ := ranksWith(t, sharded, append(append([]string{}, sets...), "dist.shard_optimizer=true", "policy.gradient_checkpointing=true",
-			"policy.reload_reference=true"))
+		errs, outs, _ := ranksWith(t, sharded, append(append([]string{}, sets...), "dist.shard_optimizer=true", "dist.shard_gradients=true",
+			"policy.gradient_checkpointing=true", "policy.reload_reference=true"))
 		for r, err := range errs {
 			if err != nil {
 				t.Fatalf("rank %d: %v\n%s", r, err, outs[r])

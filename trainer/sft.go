@@ -167,7 +167,7 @@ func runSFT(ctx context.Context, cfg config.Config, env *rollout.Env, r ranks, t
 // zero. record receives one line per step, tagged with stage.
 func FitDemos(ctx context.Context, cfg config.Config, p *torchbridge.Policy, train []data.Example, stage string,
 	build func(step int, qs []data.Example) ([]Demo, error), record func(SFTLine) error, log *slog.Logger) error {
-	r, err := newRanks(nil, p, false)
+	r, err := newRanks(nil, p, false, false)
 	if err != nil {
 		return err
 	}

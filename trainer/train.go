@@ -125,7 +125,7 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 		return err
 	}
 	defer eng.Close()
-	r, err := newRanks(opt.Group, eng.Policy, cfg.Dist.ShardOptimizer)
+	r, err := newRanks(opt.Group, eng.Policy, cfg.Dist.ShardOptimizer, cfg.Dist.ShardGradients)
 	if err != nil {
 		return err
 	}
@@ -235,6 +235,10 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 	// gradient buckets exist before GRPO's first backward, as the memory
 	// plan counts them (torchbridge.Policy.PrepareUpdate).
 	if err := r.prepare(ctx); err != nil {
+		return err
+	}
+	// ZeRO-2: the buckets made, their sums are sharded too.
+	if err := r.shard.shardGradients(ctx); err != nil {
 		return err
 	}
 
@@ -475,10 +479,16 @@ func (j *job) step(ctx context.Context) (*stepResult, error) {
 			continue
 		}
 		lopt := j.algo.loss(torchbridge.LossOptions{ClipEps: tc.ClipEps, KLCoef: tc.KLCoef, EntropyCoef: tc.EntropyCoef, Scale: 1 / total, HeadChunk: tc.HeadChunk})
-		for _, micro := range chunks(rows, tc.MicroBatch) {
+		micros := chunks(rows, tc.MicroBatch)
+		for k, micro := range micros {
 			part := make([]torchbridge.Sequence, len(micro))
 			for k, i := range micro {
 				part[k] = seqs[i]
+			}
+			if k == len(micros)-1 { // ZeRO-2: this backward completes the sums
+				if err := r.shard.lastBackward(work); err != nil {
+					return nil, err
+				}
 			}
 			ls, err := j.eng.Policy.Backward(work, part, lopt)
 			if err != nil {

@@ -2,6 +2,7 @@ package hfmodel
 
 import (
 	"fmt"
+	"math"
 	"strings"
 )
 
@@ -85,6 +86,11 @@ type MemoryOptions struct {
 	// ShardOptimizer: the AdamW moments and master weights are sharded over
 	// the ranks (ZeRO-1; ignored with one rank).
 	ShardOptimizer bool
+	// ShardGradients: the float32 gradient sums are sharded too (ZeRO-2,
+	// on the CPU; ignored unless the optimizer is sharded): each bucket
+	// keeps only the rank's shares once reduced, during the backward with
+	// Checkpointing (gradBuckets), after it otherwise.
+	ShardGradients bool
 	// Checkpointing: activation checkpointing per decoder layer.
 	Checkpointing bool
 	// MicroSeqs and SeqLen are a micro-batch's sequences and their padded
@@ -231,6 +237,50 @@ func (m MemoryPlan) Peak() int64 {
 	return p
 }
 
+// gradBucket is one bucket of the gradient sums (rc_policy::bucket_grads):
+// its elements, the most of them one rank owns (rc_policy::share, per
+// parameter), and the layer whose backward completes it (order_buckets in
+// cgo/recal_dist.cc: its lowest layer; -1, the backward's end, for one
+// holding the embedding, the final norm or the output head).
+type gradBucket struct {
+	elems, owned int64
+	ready        int
+}
+
+// gradBuckets cuts the parameters, in order, into buckets of at least
+// bucketBytes/4 elements (the last may be smaller), as the bridge does.
+func (c *Config) gradBuckets(bucketBytes, world int64) []gradBucket {
+	params := c.Params()
+	capElems := max(1, bucketBytes/4)
+	var out []gradBucket
+	cur := gradBucket{ready: math.MaxInt}
+	for i, t := range params {
+		n := t.Numel()
+		layer := -1
+		if i >= 1 && int64(i) <= 12*c.NumHiddenLayers {
+			layer = (i - 1) / 12
+		}
+		var owned int64 // the largest rank's share: cuts at multiples of 64
+		cut := func(k int64) int64 {
+			if k == world {
+				return n
+			}
+			return n / 64 * k / world * 64
+		}
+		for r := range world {
+			owned = max(owned, cut(r+1)-cut(r))
+		}
+		cur.elems += n
+		cur.owned += owned
+		cur.ready = min(cur.ready, layer)
+		if cur.elems >= capElems || i == len(params)-1 {
+			out = append(out, cur)
+			cur = gradBucket{ready: math.MaxInt}
+		}
+	}
+	return out
+}
+
 // PlanMemory plans the memory per rank of the work o describes for a policy
 // of c, phase by phase, from the shapes of the tensors the bridge
 // (cgo/recal_*.cc) allocates and when it frees them: what persists
@@ -286,6 +336,38 @@ func (c *Config) PlanMemory(o MemoryOptions) MemoryPlan {
 				buckets.Bytes = 0
 			}
 		}
+	}
+	// ZeRO-2 (the CPU): the buckets at the update's two moments and in the
+	// step. At the output head of a step's only backward they hold the
+	// head weight's gradient (the rest of their pages untouched); with
+	// several micro-batches the earlier ones filled them. At the
+	// backward's end, with checkpointed layers, each bucket reduced during
+	// it holds the rank's shares only, except those the last layer's
+	// backward started (layer 0's, settled by the all-reduce after) and
+	// those the end completes (the embedding's, the head's, the final
+	// norm's); without checkpointing all are whole. In the step, the
+	// shares.
+	headBuckets, endBuckets, stepBuckets := buckets, buckets, buckets
+	if zero2 := sharded && o.ShardGradients && !o.CUDA; zero2 {
+		var whole, shares, late int64
+		for _, b := range c.gradBuckets(bucketBytesOr(o.BucketBytes), world) {
+			whole += b.elems
+			shares += b.owned
+			if b.ready <= 0 {
+				late += b.elems
+			} else {
+				late += b.owned
+			}
+		}
+		headBuckets.Bytes = c.VocabSize * H * 4
+		if o.MicroBatches > 1 {
+			headBuckets.Bytes = whole * 4
+		}
+		endBuckets.Bytes = whole * 4
+		if o.Checkpointing {
+			endBuckets.Bytes = late * 4
+		}
+		stepBuckets.Bytes = shares * 4
 	}
 	with := func(name string, extra ...MemoryPart) MemoryPhase {
 		return MemoryPhase{Name: name, Parts: append(append([]MemoryPart{}, persist...), extra...)}
@@ -393,7 +475,7 @@ func (c *Config) PlanMemory(o MemoryOptions) MemoryPlan {
 	default:
 		fresh = P*4 - noDense
 	}
-	head := []MemoryPart{buckets, {"gradient sums", before}, {"activations", acts}}
+	head := []MemoryPart{headBuckets, {"gradient sums", before}, {"activations", acts}}
 	if logits >= workspace {
 		head = append(head, MemoryPart{"logits chunk", logits})
 	} else {
@@ -403,7 +485,7 @@ func (c *Config) PlanMemory(o MemoryOptions) MemoryPlan {
 	// The embedding's dense gradient, where there is one, is made by its
 	// backward and then copied into .grad (autograd keeps what it cannot
 	// take over), so a second one exists for a moment at the end.
-	end := []MemoryPart{buckets, {"gradient sums", before}, {"backward's gradients", fresh}, {"head weight's gradient", headWeight},
+	end := []MemoryPart{endBuckets, {"gradient sums", before}, {"backward's gradients", fresh}, {"head weight's gradient", headWeight},
 		{"embedding gradient's copy", dense}}
 	hp, ep := with("update", head...), with("update", end...)
 	update := hp
@@ -429,10 +511,7 @@ func (c *Config) PlanMemory(o MemoryOptions) MemoryPlan {
 	// These come one after the other, so the phase's peak holds the
 	// largest of them.
 	temp := MemoryPart{"optimizer temporaries", max(min(largest, StepSlice), 3*min(largestShare, StepSlice)) * 4}
-	bucketBytes := o.BucketBytes
-	if bucketBytes <= 0 {
-		bucketBytes = 25 << 20
-	}
+	bucketBytes := bucketBytesOr(o.BucketBytes)
 	if world > 1 && !o.CUDA {
 		bucket := min(P*4, bucketBytes+largest*4) // a bucket holds whole parameters
 		step := min(AllreduceSegment, (bucket+2*world-1)/(2*world))
@@ -452,7 +531,7 @@ func (c *Config) PlanMemory(o MemoryOptions) MemoryPlan {
 	if world == 1 {
 		sums = P * 4
 	}
-	step := with("step", buckets, MemoryPart{"gradient sums", sums}, temp)
+	step := with("step", stepBuckets, MemoryPart{"gradient sums", sums}, temp)
 	plan := MemoryPlan{Rollout: rollout, Update: update, Head: hp, BackwardEnd: ep, Step: step}
 
 	// Reference (policy.reload_reference): the reference is loaded (its
@@ -466,4 +545,12 @@ func (c *Config) PlanMemory(o MemoryOptions) MemoryPlan {
 		plan.Reference = with("ref", reference, MemoryPart{"scoring workspace", max(score, ReadChunk)})
 	}
 	return plan
+}
+
+// bucketBytesOr is dist.bucket_bytes, or its default (25 MiB) when unset.
+func bucketBytesOr(b int64) int64 {
+	if b <= 0 {
+		return 25 << 20
+	}
+	return b
 }

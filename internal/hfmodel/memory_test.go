@@ -196,6 +196,52 @@ func TestPlanMemoryHostileSettings(t *testing.T) {
 					p.Update.Part("gradient buckets"), p.Step.Part("gradient buckets"))
 			}
 		}},
+		// ZeRO-2: 3B's buckets of 25 MiB hold whole parameters, so a bucket
+		// of layer 0 and the tied embedding's are whole at the backward's
+		// end; every other bucket, and all of them in the step, hold the
+		// rank's shares.
+		{"sharded gradients keep the shares", func(o *MemoryOptions) {
+			o.World = 2
+			o.ShardOptimizer, o.ShardGradients, o.Checkpointing = true, true, true
+		}, func(t *testing.T, p MemoryPlan) {
+			bs := c.gradBuckets(25<<20, 2)
+			var elems, owned, late int64
+			for _, b := range bs {
+				elems += b.elems
+				owned += b.owned
+				if b.ready <= 0 {
+					late += b.elems
+				} else {
+					late += b.owned
+				}
+			}
+			if elems != P || owned < P/2 || owned > P/2+int64(len(c.Params()))*64 {
+				t.Fatalf("buckets of %d elements, %d owned by the larger rank; want P = %d and about P/2", elems, owned, int64(P))
+			}
+			if bs[0].ready != -1 || bs[len(bs)-1].ready != -1 || bs[1].ready != 0 || bs[len(bs)-2].ready != 35 {
+				t.Errorf("ready layers: first %d, second %d, next to last %d, last %d; want the embedding's and the final norm's at the end (-1), then layers 0 and 35",
+					bs[0].ready, bs[1].ready, bs[len(bs)-2].ready, bs[len(bs)-1].ready)
+			}
+			if got := p.Step.Part("gradient buckets"); got != owned*4 {
+				t.Errorf("step buckets %d, want the shares' %d", got, owned*4)
+			}
+			if got := p.BackwardEnd.Part("gradient buckets"); got != late*4 || got >= P*4 || got <= owned*4 {
+				t.Errorf("backward's end: buckets %d, want %d (between the shares' and the whole's)", got, late*4)
+			}
+			if got := p.Head.Part("gradient buckets"); got != VH*4 {
+				t.Errorf("at the head: buckets %d, want the head weight's gradient, V·H·4 = %d", got, int64(VH*4))
+			}
+			cuda := base
+			cuda.World, cuda.ShardOptimizer, cuda.ShardGradients, cuda.Checkpointing, cuda.CUDA = 2, true, true, true, true
+			if got := c.PlanMemory(cuda).Step.Part("gradient buckets"); got != P*4 {
+				t.Errorf("on a GPU the buckets stay whole (ZeRO-2 is CPU only): %d, want %d", got, int64(P*4))
+			}
+			one := base
+			one.ShardGradients = true
+			if c.PlanMemory(one).Peak() != c.PlanMemory(base).Peak() {
+				t.Error("sharded gradients without a sharded optimizer or with one rank changed the plan")
+			}
+		}},
 		{"GPU buckets stay", func(o *MemoryOptions) { o.World = 2; o.CUDA = true }, func(t *testing.T, p MemoryPlan) {
 			for _, ph := range p.Phases() {
 				if ph.Part("gradient buckets") != P*4 {
