@@ -21,7 +21,9 @@
 // "2 lean" also reloads the reference each update (policy.reload_reference:
 // loaded from a checkpoint written at start, it scores the micro-batch and
 // is freed before the backward); the other configurations keep it in
-// memory, unused.
+// memory, unused. "2 zero2" is "2 lean" with the gradient sums sharded too
+// (dist.shard_gradients: ZeRO-2, the buckets reduced layer by layer during
+// the backward, each keeping the rank's shares).
 //
 // Each configuration runs in processes of its own (one per rank), one
 // configuration at a time, with the malloc settings of `recal train`
@@ -105,6 +107,10 @@ type setup struct {
 	// update, loaded from it, scores the micro-batch and is freed
 	// (policy.reload_reference); otherwise it stays in memory, unused.
 	Reload bool `json:"reload,omitempty"`
+	// Grads: the gradient sums sharded too (dist.shard_gradients, ZeRO-2):
+	// each update's backward reduces the buckets as its checkpointed layers
+	// complete them.
+	Grads bool `json:"grads,omitempty"`
 }
 
 func setups() []setup {
@@ -117,6 +123,7 @@ func setups() []setup {
 		{Name: "2 ranks sharded", World: 2, Shard: true, HeadChunk: *chunked},
 		{Name: "2 sharded+ckpt", World: 2, Shard: true, HeadChunk: *chunked, Checkpointing: true},
 		{Name: "2 lean", World: 2, Shard: true, HeadChunk: *chunked, Checkpointing: true, Reload: true},
+		{Name: "2 zero2", World: 2, Shard: true, HeadChunk: *chunked, Checkpointing: true, Reload: true, Grads: true},
 	}
 	for i := range all {
 		all[i].Prepare = *prepare
@@ -134,9 +141,16 @@ type report struct {
 	BackwardPeaks  []int64 `json:"backward_peaks"`
 	AllReducePeaks []int64 `json:"allreduce_peaks,omitempty"`
 	// VmHWM after each update's reference scoring (Reload), bytes.
-	RefPeaks []int64   `json:"ref_peaks,omitempty"`
-	Times    []float64 `json:"times"` // seconds of each update
-	Loss     float64   `json:"loss"`
+	RefPeaks []int64 `json:"ref_peaks,omitempty"`
+	// Each phase's own peak (CPU: VmHWM reset at the phase's start through
+	// /proc/self/clear_refs), per update, bytes: the reference's scoring
+	// (Reload), the update (backward and all-reduce), the step (and
+	// all-gather). Empty where the peak cannot be reset.
+	RefPhase    []int64   `json:"ref_phase,omitempty"`
+	UpdatePhase []int64   `json:"update_phase,omitempty"`
+	StepPhase   []int64   `json:"step_phase,omitempty"`
+	Times       []float64 `json:"times"` // seconds of each update
+	Loss        float64   `json:"loss"`
 }
 
 const childEnv = "RECAL_BENCH_MEMORY"
@@ -177,7 +191,7 @@ func plan(cfg *hfmodel.Config, s setup) hfmodel.MemoryPlan {
 		rt = 0
 	}
 	return cfg.PlanMemory(hfmodel.MemoryOptions{DType: *dtype, CUDA: onGPU(), Train: true, KLReference: *kl, World: s.World,
-		ShardOptimizer: s.Shard, Checkpointing: s.Checkpointing, MicroSeqs: *seqs, SeqLen: *seqLen, MicroBatches: 1,
+		ShardOptimizer: s.Shard, ShardGradients: s.Grads, Checkpointing: s.Checkpointing, MicroSeqs: *seqs, SeqLen: *seqLen, MicroBatches: 1,
 		HeadChunk: s.HeadChunk, Runtime: rt, ReloadReference: s.Reload && *kl})
 }
 
@@ -255,7 +269,7 @@ func parent() error {
 	return nil
 }
 
-const legend = "GiB per rank, measured: the largest rank's VmHWM after the first update's backward, after the first update and after the last; planned: hfmodel.PlanMemory's update phase (less the optimizer state when the first step creates it: -prepare=false), the larger of that and its step phase (VmHWM keeps the backward's peak), and the plan's peak; update s: the last update's wall time on the slowest rank, × time: over the first configuration's"
+const legend = "GiB per rank, measured: the largest rank's VmHWM after the first update's backward, after the first update and after the last; planned: hfmodel.PlanMemory's update phase (less the optimizer state when the first step creates it: -prepare=false), the larger of that and its step phase (VmHWM keeps the backward's peak), and the plan's peak; update s: the last update's wall time on the slowest rank, × time: over the first configuration's; phases: each phase's own peak in the last update (VmHWM reset at its start), the largest rank's, against the plan's phase"
 
 // header is the table's first line.
 const header = "configuration      runtime | 1st backward  planned  ratio | 1st step  planned  ratio | all updates  planned  ratio | update s  × time"
@@ -291,6 +305,27 @@ func row(cfg *hfmodel.Config, s setup, reps []report, base *float64) {
 	fmt.Printf("%-16s %8.2f | %12.2f %8.2f %6.3f | %8.2f %8.2f %6.3f | %11.2f %8.2f %6.3f | %8.1f %7.2f\n", s.Name, hfmodel.GiB(rt),
 		hfmodel.GiB(bw1), hfmodel.GiB(first), ratio(bw1, first), hfmodel.GiB(st1), hfmodel.GiB(step1), ratio(st1, step1),
 		hfmodel.GiB(peak), hfmodel.GiB(trainPeak(p)), ratio(peak, trainPeak(p)), t, t / *base)
+	// Each phase's own peak in the last update, the largest rank's.
+	var ref, upd, stp int64
+	for _, r := range reps {
+		last := func(v []int64) int64 {
+			if len(v) == 0 {
+				return 0
+			}
+			return v[len(v)-1]
+		}
+		ref, upd, stp = max(ref, last(r.RefPhase)), max(upd, last(r.UpdatePhase)), max(stp, last(r.StepPhase))
+	}
+	if upd > 0 {
+		var b strings.Builder
+		b.WriteString("    phases, last update:")
+		if ref > 0 {
+			fmt.Fprintf(&b, " ref %.2f planned %.2f (%.3f),", hfmodel.GiB(ref), hfmodel.GiB(p.Reference.Peak()), ratio(ref, p.Reference.Peak()))
+		}
+		fmt.Fprintf(&b, " update %.2f planned %.2f (%.3f), step %.2f planned %.2f (%.3f)", hfmodel.GiB(upd), hfmodel.GiB(p.Update.Peak()),
+			ratio(upd, p.Update.Peak()), hfmodel.GiB(stp), hfmodel.GiB(p.Step.Peak()), ratio(stp, p.Step.Peak()))
+		fmt.Println(b.String())
+	}
 	if len(p.Reference.Parts) > 0 {
 		fmt.Printf("    plan: %s\n", p.Reference)
 	}
@@ -435,7 +470,28 @@ func child(spec string) error {
 	}
 	// peak is the rank's peak so far: VmHWM on the CPU, the allocator's
 	// peak of tensors on a GPU.
-	peak := func() (int64, error) { return status("VmHWM") }
+	// With phases, VmHWM is reset at each phase's start (clear_refs 5) and
+	// peak keeps the running maximum over the phases read so far.
+	var seen int64
+	phases := !onGPU() && os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) == nil
+	peak := func() (int64, error) {
+		hwm, err := status("VmHWM")
+		seen = max(seen, hwm)
+		return seen, err
+	}
+	// phase ends a phase: appends its own peak to *to and starts the next.
+	phase := func(to *[]int64) error {
+		if !phases {
+			return nil
+		}
+		hwm, err := status("VmHWM")
+		if err != nil {
+			return err
+		}
+		seen = max(seen, hwm)
+		*to = append(*to, hwm)
+		return os.WriteFile("/proc/self/clear_refs", []byte("5"), 0)
+	}
 	if onGPU() {
 		rep.Runtime = 0
 		peak = func() (int64, error) {
@@ -514,6 +570,14 @@ func child(spec string) error {
 			return err
 		}
 	}
+	if s.Grads {
+		if group == nil || !s.Shard || !s.Prepare {
+			return fmt.Errorf("%s: sharded gradients need several ranks, a sharded optimizer and -prepare", s.Name)
+		}
+		if err := group.ShardGradients(ctx, pol, true); err != nil {
+			return err
+		}
+	}
 	rng := rand.New(rand.NewPCG(uint64(rank), 7))
 	batch := make([]torchbridge.Sequence, *seqs)
 	for i := range batch {
@@ -536,6 +600,12 @@ func child(spec string) error {
 	}
 	for range *steps {
 		t0 := time.Now()
+		if _, err := peak(); err != nil { // what came before the update
+			return err
+		}
+		if err := phase(new([]int64)); err != nil {
+			return err
+		}
 		if refDir != "" { // as trainer's reference.score: release, load, score, free
 			if err := torchbridge.ReleaseMemory(); err != nil {
 				return err
@@ -559,6 +629,14 @@ func child(spec string) error {
 				return err
 			}
 			rep.RefPeaks = append(rep.RefPeaks, hwm)
+			if err := phase(&rep.RefPhase); err != nil {
+				return err
+			}
+		}
+		if s.Grads { // as trainer.Train: the update's last backward reduces as it goes
+			if err := group.ReduceInBackward(ctx, pol); err != nil {
+				return err
+			}
 		}
 		ls, err := pol.Backward(ctx, batch, torchbridge.LossOptions{ClipEps: 0.2, KLCoef: 0.001, Scale: 1.0 / float64(*seqs**seqLen), HeadChunk: s.HeadChunk})
 		if err != nil {
@@ -579,6 +657,9 @@ func child(spec string) error {
 			}
 			rep.AllReducePeaks = append(rep.AllReducePeaks, hwm)
 		}
+		if err := phase(&rep.UpdatePhase); err != nil {
+			return err
+		}
 		if _, err := pol.Step(ctx, adam); err != nil {
 			return err
 		}
@@ -592,6 +673,9 @@ func child(spec string) error {
 			return err
 		}
 		rep.Peaks = append(rep.Peaks, hwm)
+		if err := phase(&rep.StepPhase); err != nil {
+			return err
+		}
 	}
 	b, err := json.Marshal(rep)
 	if err != nil {
