@@ -281,6 +281,23 @@ func (c *Config) gradBuckets(bucketBytes, world int64) []gradBucket {
 	return out
 }
 
+// shardedBuckets sums the buckets' elements (whole), the largest rank's
+// shares of them (shares), and what they hold at the end of a
+// checkpointed backward under ZeRO-2 (late): the whole of those completed
+// by layer 0's backward or at the end, the shares of the rest.
+func (c *Config) shardedBuckets(bucketBytes, world int64) (whole, shares, late int64) {
+	for _, b := range c.gradBuckets(bucketBytes, world) {
+		whole += b.elems
+		shares += b.owned
+		if b.ready <= 0 {
+			late += b.elems
+		} else {
+			late += b.owned
+		}
+	}
+	return whole, shares, late
+}
+
 // PlanMemory plans the memory per rank of the work o describes for a policy
 // of c, phase by phase, from the shapes of the tensors the bridge
 // (cgo/recal_*.cc) allocates and when it frees them: what persists
@@ -349,16 +366,7 @@ func (c *Config) PlanMemory(o MemoryOptions) MemoryPlan {
 	// shares.
 	headBuckets, endBuckets, stepBuckets := buckets, buckets, buckets
 	if zero2 := sharded && o.ShardGradients && !o.CUDA; zero2 {
-		var whole, shares, late int64
-		for _, b := range c.gradBuckets(bucketBytesOr(o.BucketBytes), world) {
-			whole += b.elems
-			shares += b.owned
-			if b.ready <= 0 {
-				late += b.elems
-			} else {
-				late += b.owned
-			}
-		}
+		whole, shares, late := c.shardedBuckets(bucketBytesOr(o.BucketBytes), world)
 		headBuckets.Bytes = c.VocabSize * H * 4
 		if o.MicroBatches > 1 {
 			headBuckets.Bytes = whole * 4

@@ -199,34 +199,28 @@ func TestPlanMemoryHostileSettings(t *testing.T) {
 		// ZeRO-2: 3B's buckets of 25 MiB hold whole parameters, so a bucket
 		// of layer 0 and the tied embedding's are whole at the backward's
 		// end; every other bucket, and all of them in the step, hold the
-		// rank's shares.
+		// rank's shares: about half of each parameter, at most 64 elements
+		// more (the cut's alignment).
 		{"sharded gradients keep the shares", func(o *MemoryOptions) {
 			o.World = 2
 			o.ShardOptimizer, o.ShardGradients, o.Checkpointing = true, true, true
 		}, func(t *testing.T, p MemoryPlan) {
 			bs := c.gradBuckets(25<<20, 2)
-			var elems, owned, late int64
-			for _, b := range bs {
-				elems += b.elems
-				owned += b.owned
-				if b.ready <= 0 {
-					late += b.elems
-				} else {
-					late += b.owned
-				}
-			}
-			if elems != P || owned < P/2 || owned > P/2+int64(len(c.Params()))*64 {
-				t.Fatalf("buckets of %d elements, %d owned by the larger rank; want P = %d and about P/2", elems, owned, int64(P))
-			}
 			if bs[0].ready != -1 || bs[len(bs)-1].ready != -1 || bs[1].ready != 0 || bs[len(bs)-2].ready != 35 {
 				t.Errorf("ready layers: first %d, second %d, next to last %d, last %d; want the embedding's and the final norm's at the end (-1), then layers 0 and 35",
 					bs[0].ready, bs[1].ready, bs[len(bs)-2].ready, bs[len(bs)-1].ready)
 			}
-			if got := p.Step.Part("gradient buckets"); got != owned*4 {
-				t.Errorf("step buckets %d, want the shares' %d", got, owned*4)
+			n := int64(len(c.Params()))
+			layer := int64((P - VH - 2048) / 36) // one decoder layer's parameters
+			step, end := p.Step.Part("gradient buckets")/4, p.BackwardEnd.Part("gradient buckets")/4
+			if step < P/2 || step > P/2+64*n {
+				t.Errorf("step: buckets of %d elements, want the shares, P/2 = %d to P/2 + 64 per parameter", step, int64(P/2))
 			}
-			if got := p.BackwardEnd.Part("gradient buckets"); got != late*4 || got >= P*4 || got <= owned*4 {
-				t.Errorf("backward's end: buckets %d, want %d (between the shares' and the whole's)", got, late*4)
+			// At the end: the shares, plus the other half of the embedding
+			// and of the buckets holding layer 0 (at most two layers' worth)
+			// and the final norm (with at most one layer's tail).
+			if extra := end - step; extra < VH/2 || extra > VH/2+3*layer/2 {
+				t.Errorf("backward's end: %d elements beyond the shares, want V·H/2 = %d to V·H/2 + 1.5 layers = %d", extra, int64(VH/2), int64(VH/2+3*layer/2))
 			}
 			if got := p.Head.Part("gradient buckets"); got != VH*4 {
 				t.Errorf("at the head: buckets %d, want the head weight's gradient, V·H·4 = %d", got, int64(VH*4))
