@@ -425,7 +425,7 @@ int rc_dist_allreduce_grads(rc_dist* d, rc_policy* p, char** err) {
     // gradients as bucket views): each bucket is all-reduced where it is.
     p->bucket_grads(d->bucket_bytes);
     if (p->grad_group == d) {  // ZeRO-2: the buckets an armed backward left, in the same order
-          p->after_layer = nullptr;
+      p->after_layer = nullptr;
       if (p->bucket_order.size() != p->buckets.size()) fail("allreduce_grads: the gradient buckets changed while sharded");
       launch_ready(d, p, -1);
       settle(d, p, d->pending.size());

@@ -599,17 +599,9 @@ bool graph_extend(rc_cache& c, int64_t n, const int64_t* rows, int64_t width, co
 
 }  // namespace recal
 
-namespace {
-
-// Hands the pages of the heap's free memory back to the system (glibc's
-// malloc_trim; nothing elsewhere).
-void release_heap() { trim_heap(); }
-
-}  // namespace
-
 extern "C" {
 
-int rc_release_memory(char** err) { return guarded(err, [&] { release_heap(); }); }
+int rc_release_memory(char** err) { return guarded(err, [&] { trim_heap(); }); }
 
 int rc_set_threads(int32_t n, char** err) {
   return guarded(err, [&] {
@@ -682,7 +674,7 @@ void rc_policy_free(rc_policy* p) {
   // the heap, which keeps them (the trim threshold is 16 GiB); hand their
   // pages back, so that a policy loaded and freed each step (the KL
   // reference under policy.reload_reference) leaves no resident holes.
-  release_heap();
+  trim_heap();
 }
 
 int rc_policy_set_checkpointing(rc_policy* p, int32_t on, char** err) {
