@@ -67,7 +67,7 @@ func (t Train) DescribeLR() string {
 	}
 	what := "constant"
 	if t.LRSchedule != "constant" {
-		what = fmt.Sprintf("%s decay towards %g", t.LRSchedule, t.MinLRRatio*t.LR)
+		what = fmt.Sprintf("%s decay towards %.3g", t.LRSchedule, t.MinLRRatio*t.LR)
 	}
 	if t.Steps < 1 {
 		return fmt.Sprintf("%s, %s", what, warm)

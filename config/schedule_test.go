@@ -60,4 +60,9 @@ func TestDescribeLR(t *testing.T) {
 	if got, want := tr.DescribeLR(), "cosine decay towards 0.0001, linear warm-up over 2 steps: 0.0005 at step 1, 0.001 at step 3, 0.000325 at step 5"; got != want {
 		t.Errorf("described as %q, want %q", got, want)
 	}
+	// 0.1 × 3e-4 is 2.9999999999999997e-05 in float64: said as 3e-05.
+	tr3 := Train{LR: 3e-4, LRSchedule: "cosine", MinLRRatio: 0.1, Steps: 300}
+	if got := tr3.DescribeLR(); !strings.HasPrefix(got, "cosine decay towards 3e-05, ") {
+		t.Errorf("described as %q, want the floor said as 3e-05", got)
+	}
 }
