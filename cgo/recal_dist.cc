@@ -244,19 +244,14 @@ void order_buckets(rc_policy* p) {
 }
 
 // Starts the all-reduce of the next buckets in p's order that are complete
-// once layer's backward is done (layer -1: all the rest). A bfloat16
-// policy's gradients of those parameters join their sums first, as
-// flush_grads would add them.
+// once layer's backward is done (layer -1: all the rest). Gradients of
+// theirs still in .grad (a bfloat16 policy's) join their sums first
+// (rc_policy::flush_grad).
 void launch_ready(rc_dist* d, rc_policy* p, int64_t layer) {
   while (p->buckets_reduced < p->bucket_order.size()) {
     size_t b = p->bucket_order[p->buckets_reduced];
     if (layer >= 0 && p->bucket_ready[b] < layer) break;
-    for (size_t i = p->bucket_spans[b].first; i < p->bucket_spans[b].second; i++) {
-      auto& t = p->params[i];
-      if (p->grad_is_view(i) || (int)i == p->lm_head || !t.grad().defined()) continue;
-      p->grad32[i].add_(t.grad().to(torch::kFloat32));
-      t.mutable_grad() = torch::Tensor();
-    }
+    for (size_t i = p->bucket_spans[b].first; i < p->bucket_spans[b].second; i++) p->flush_grad(i);
     collective(d, "allreduce_grads", [&] { d->pending.emplace_back(b, allreduce(d, p->buckets[b])); });
     p->buckets_reduced++;
   }
@@ -268,7 +263,6 @@ void launch_ready(rc_dist* d, rc_policy* p, int64_t layer) {
 // step reads the shares, and zeroes the buckets after).
 void settle(rc_dist* d, rc_policy* p, size_t n) {
   n = std::min(n, d->pending.size());
-  auto pg = (uintptr_t)sysconf(_SC_PAGESIZE);
   if (p->norm_terms.size() != p->params.size()) p->norm_terms.assign(p->params.size(), {});
   for (size_t k = 0; k < n; k++) {
     auto [b, w] = d->pending[k];
@@ -278,14 +272,14 @@ void settle(rc_dist* d, rc_policy* p, size_t n) {
     auto& t = p->buckets[b];
     if (!t.device().is_cpu()) continue;
     auto base = (uintptr_t)t.data_ptr();
-    auto drop = [&](uintptr_t from, uintptr_t to) {
-      uintptr_t lo = (from + pg - 1) / pg * pg, hi = to / pg * pg;
+    auto drop = [](uintptr_t from, uintptr_t to) {
+      auto [lo, hi] = rc_policy::inner_pages(from, to);
       if (hi > lo) madvise((void*)lo, hi - lo, MADV_DONTNEED);  // refused: the pages stay, nothing else changes
     };
     uintptr_t kept = base;  // the end of the last share
     int64_t off = 0;
     for (size_t i = p->bucket_spans[b].first; i < p->bucket_spans[b].second; i++) {
-      auto [lo, hi] = p->share(i, p->shard_rank, p->shard_world);
+      int64_t lo = p->own_lo[i], hi = p->own_hi[i];
       if (hi > lo) {
         drop(kept, base + (uintptr_t)(off + lo) * 4);
         kept = base + (uintptr_t)(off + hi) * 4;

@@ -135,7 +135,6 @@ struct rc_policy {
 
   const torch::Tensor& P(int i) const { return params[i]; }
 
-
   // Gradient buckets (bucket_grads, for the data-parallel all-reduce):
   // flat float32 buffers that hold the gradient sums, grad32[i] a view of
   // one, kept across steps and zeroed after each (never freed), so the
@@ -307,6 +306,12 @@ struct rc_policy {
     sums_zero = zero;
   }
 
+  // The whole pages inside the bytes [b, e): [lo, hi), none when hi <= lo.
+  static std::pair<uintptr_t, uintptr_t> inner_pages(uintptr_t b, uintptr_t e) {
+    auto pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    return {(b + pg - 1) / pg * pg, e / pg * pg};
+  }
+
   // Zeroes a contiguous CPU tensor by handing its whole pages back to the
   // kernel (madvise MADV_DONTNEED: the CPU allocator's memory is private
   // and anonymous, so a page given back reads as zeros when next touched,
@@ -317,9 +322,8 @@ struct rc_policy {
       t.zero_();
       return;
     }
-    auto pg = (uintptr_t)sysconf(_SC_PAGESIZE);
     auto b = (uintptr_t)t.data_ptr(), e = b + t.nbytes();
-    uintptr_t lo = (b + pg - 1) / pg * pg, hi = e / pg * pg;
+    auto [lo, hi] = inner_pages(b, e);
     if (hi <= lo || madvise((void*)lo, hi - lo, MADV_DONTNEED) != 0) {
       t.zero_();
       return;
@@ -346,21 +350,29 @@ struct rc_policy {
   void flush_grads() {
     torch::NoGradGuard ng;
     if (grad32.size() != params.size()) grad32.resize(params.size());
-    for (size_t i = 0; i < params.size(); i++) {
-      auto& t = params[i];
-      if (grad_is_view(i)) continue;
-      torch::Tensor g;
-      if (t.grad().defined()) g = t.grad().to(torch::kFloat32);  // float32 .grad: the same tensor, no copy
-      if ((int)i == lm_head && head_grad.defined()) g = g.defined() ? head_grad.add_(g) : head_grad;
-      if (!g.defined()) continue;
-      if (grad32[i].defined())
-        grad32[i].add_(g);
-      else
-        grad32[i] = g;
-      t.mutable_grad() = torch::Tensor();
-    }
+    for (size_t i = 0; i < params.size(); i++) flush_grad(i);
     head_grad = torch::Tensor();
     sums_zero = false;
+  }
+
+  // flush_grads for parameter i alone (the output head's weight with its
+  // head_grad): a ZeRO-2 backward flushes a layer's parameters as soon as
+  // the layer is done (recal_dist.cc), with the same additions.
+  void flush_grad(size_t i) {
+    auto& t = params[i];
+    if (grad_is_view(i)) return;
+    torch::Tensor g;
+    if (t.grad().defined()) g = t.grad().to(torch::kFloat32);  // float32 .grad: the same tensor, no copy
+    if ((int)i == lm_head && head_grad.defined()) {
+      g = g.defined() ? head_grad.add_(g) : head_grad;
+      head_grad = torch::Tensor();
+    }
+    if (!g.defined()) return;
+    if (grad32[i].defined())
+      grad32[i].add_(g);
+    else
+      grad32[i] = g;
+    t.mutable_grad() = torch::Tensor();
   }
 
   // Drops every gradient (bucketed sums are zeroed in place).

@@ -149,6 +149,19 @@ func (g *ProcessGroup) begin(ctx context.Context) error {
 	return nil
 }
 
+// onPolicy runs call, a bridge call on this group and p that reports its
+// status with a message, on the torch thread while the group is held open.
+func (g *ProcessGroup) onPolicy(ctx context.Context, p *Policy, call func(h *C.rc_policy, msg **C.char) C.int) error {
+	if err := g.begin(ctx); err != nil {
+		return err
+	}
+	defer g.mu.Unlock()
+	return p.call(ctx, func(h *C.rc_policy) error {
+		var msg *C.char
+		return status(call(h, &msg), msg)
+	})
+}
+
 // AllReduceGrads replaces the accumulated gradients of p with their sum over
 // the ranks (in float32; a rank without a gradient adds zeros), so that the
 // same optimizer step on every rank keeps the replicas identical. Every rank
@@ -162,14 +175,7 @@ func (g *ProcessGroup) begin(ctx context.Context) error {
 // c10d's 1 MiB (cgo/recal_dist.cc, SegmentedAllreduce): the same messages'
 // bytes in fewer hand-overs, faster for a bucket as large as the embedding.
 func (g *ProcessGroup) AllReduceGrads(ctx context.Context, p *Policy) error {
-	if err := g.begin(ctx); err != nil {
-		return err
-	}
-	defer g.mu.Unlock()
-	return p.call(ctx, func(h *C.rc_policy) error {
-		var msg *C.char
-		return status(C.rc_dist_allreduce_grads(g.h, h, &msg), msg)
-	})
+	return g.onPolicy(ctx, p, func(h *C.rc_policy, msg **C.char) C.int { return C.rc_dist_allreduce_grads(g.h, h, msg) })
 }
 
 // PrepareUpdate is Policy.PrepareUpdate that also makes p's float32
@@ -178,14 +184,7 @@ func (g *ProcessGroup) AllReduceGrads(ctx context.Context, p *Policy) error {
 // at the first all-reduce. Backwards then add into them; no value changes.
 // Local: no communication.
 func (g *ProcessGroup) PrepareUpdate(ctx context.Context, p *Policy) error {
-	if err := g.begin(ctx); err != nil {
-		return err
-	}
-	defer g.mu.Unlock()
-	return p.call(ctx, func(h *C.rc_policy) error {
-		var msg *C.char
-		return status(C.rc_dist_prepare_update(g.h, h, &msg), msg)
-	})
+	return g.onPolicy(ctx, p, func(h *C.rc_policy, msg **C.char) C.int { return C.rc_dist_prepare_update(g.h, h, msg) })
 }
 
 // GatherParams gives every rank the parameter elements the other ranks
@@ -195,14 +194,7 @@ func (g *ProcessGroup) PrepareUpdate(ctx context.Context, p *Policy) error {
 // of parameters (its buffers hold one round). A no-op for a policy sharded
 // over one rank.
 func (g *ProcessGroup) GatherParams(ctx context.Context, p *Policy) error {
-	if err := g.begin(ctx); err != nil {
-		return err
-	}
-	defer g.mu.Unlock()
-	return p.call(ctx, func(h *C.rc_policy) error {
-		var msg *C.char
-		return status(C.rc_dist_gather_params(g.h, h, &msg), msg)
-	})
+	return g.onPolicy(ctx, p, func(h *C.rc_policy, msg **C.char) C.int { return C.rc_dist_gather_params(g.h, h, msg) })
 }
 
 // ShardGradients turns ZeRO-2 on (or off) for p on the CPU: p's float32
@@ -215,18 +207,11 @@ func (g *ProcessGroup) GatherParams(ctx context.Context, p *Policy) error {
 // shares. The same weights bit for bit as ZeRO-1. Closing the group or the
 // policy ends it. Local: no communication.
 func (g *ProcessGroup) ShardGradients(ctx context.Context, p *Policy, on bool) error {
-	if err := g.begin(ctx); err != nil {
-		return err
+	var v C.int32_t
+	if on {
+		v = 1
 	}
-	defer g.mu.Unlock()
-	return p.call(ctx, func(h *C.rc_policy) error {
-		var msg *C.char
-		var v C.int32_t
-		if on {
-			v = 1
-		}
-		return status(C.rc_dist_shard_gradients(g.h, h, v, &msg), msg)
-	})
+	return g.onPolicy(ctx, p, func(h *C.rc_policy, msg **C.char) C.int { return C.rc_dist_shard_gradients(g.h, h, v, msg) })
 }
 
 // ReduceInBackward arms p's next backward, the last of this rank's update
@@ -239,14 +224,7 @@ func (g *ProcessGroup) ShardGradients(ctx context.Context, p *Policy, on bool) e
 // wherever it does, so a rank that arms no backward still meets the
 // others. Local: no communication until the backward.
 func (g *ProcessGroup) ReduceInBackward(ctx context.Context, p *Policy) error {
-	if err := g.begin(ctx); err != nil {
-		return err
-	}
-	defer g.mu.Unlock()
-	return p.call(ctx, func(h *C.rc_policy) error {
-		var msg *C.char
-		return status(C.rc_dist_reduce_in_backward(g.h, h, &msg), msg)
-	})
+	return g.onPolicy(ctx, p, func(h *C.rc_policy, msg **C.char) C.int { return C.rc_dist_reduce_in_backward(g.h, h, msg) })
 }
 
 // GatherState gathers a sharded policy's whole optimizer state on rank
@@ -257,26 +235,12 @@ func (g *ProcessGroup) GatherState(ctx context.Context, p *Policy, root int) err
 	if root < 0 || root >= g.size {
 		return fmt.Errorf("torchbridge: gather state: root %d of %d ranks", root, g.size)
 	}
-	if err := g.begin(ctx); err != nil {
-		return err
-	}
-	defer g.mu.Unlock()
-	return p.call(ctx, func(h *C.rc_policy) error {
-		var msg *C.char
-		return status(C.rc_dist_gather_state(g.h, h, C.int32_t(root), &msg), msg)
-	})
+	return g.onPolicy(ctx, p, func(h *C.rc_policy, msg **C.char) C.int { return C.rc_dist_gather_state(g.h, h, C.int32_t(root), msg) })
 }
 
 // DropGatheredState frees what GatherState gathered on this rank.
 func (g *ProcessGroup) DropGatheredState(ctx context.Context, p *Policy) error {
-	if err := g.begin(ctx); err != nil {
-		return err
-	}
-	defer g.mu.Unlock()
-	return p.call(ctx, func(h *C.rc_policy) error {
-		var msg *C.char
-		return status(C.rc_dist_gather_state(g.h, h, -1, &msg), msg)
-	})
+	return g.onPolicy(ctx, p, func(h *C.rc_policy, msg **C.char) C.int { return C.rc_dist_gather_state(g.h, h, -1, msg) })
 }
 
 // AllGather returns every rank's data, of any length, in rank order; this

@@ -480,12 +480,12 @@ func (j *job) step(ctx context.Context) (*stepResult, error) {
 		}
 		lopt := j.algo.loss(torchbridge.LossOptions{ClipEps: tc.ClipEps, KLCoef: tc.KLCoef, EntropyCoef: tc.EntropyCoef, Scale: 1 / total, HeadChunk: tc.HeadChunk})
 		micros := chunks(rows, tc.MicroBatch)
-		for k, micro := range micros {
+		for mi, micro := range micros {
 			part := make([]torchbridge.Sequence, len(micro))
 			for k, i := range micro {
 				part[k] = seqs[i]
 			}
-			if k == len(micros)-1 { // ZeRO-2: this backward completes the sums
+			if mi == len(micros)-1 { // ZeRO-2: this backward completes the sums
 				if err := r.shard.lastBackward(work); err != nil {
 					return nil, err
 				}

@@ -473,24 +473,31 @@ func child(spec string) error {
 	// With phases, VmHWM is reset at each phase's start (clear_refs 5) and
 	// peak keeps the running maximum over the phases read so far.
 	var seen int64
-	phases := !onGPU() && os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) == nil
-	peak := func() (int64, error) {
+	resetHWM := func() error { return os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) }
+	phases := !onGPU() && resetHWM() == nil
+	readHWM := func() (int64, error) {
 		hwm, err := status("VmHWM")
 		seen = max(seen, hwm)
+		return hwm, err
+	}
+	peak := func() (int64, error) {
+		_, err := readHWM()
 		return seen, err
 	}
-	// phase ends a phase: appends its own peak to *to and starts the next.
+	// phase ends a phase: appends its own peak to *to (when to is not nil)
+	// and starts the next.
 	phase := func(to *[]int64) error {
 		if !phases {
 			return nil
 		}
-		hwm, err := status("VmHWM")
+		hwm, err := readHWM()
 		if err != nil {
 			return err
 		}
-		seen = max(seen, hwm)
-		*to = append(*to, hwm)
-		return os.WriteFile("/proc/self/clear_refs", []byte("5"), 0)
+		if to != nil {
+			*to = append(*to, hwm)
+		}
+		return resetHWM()
 	}
 	if onGPU() {
 		rep.Runtime = 0
@@ -600,10 +607,7 @@ func child(spec string) error {
 	}
 	for range *steps {
 		t0 := time.Now()
-		if _, err := peak(); err != nil { // what came before the update
-			return err
-		}
-		if err := phase(new([]int64)); err != nil {
+		if err := phase(nil); err != nil { // what came before the update: no phase of its own
 			return err
 		}
 		if refDir != "" { // as trainer's reference.score: release, load, score, free

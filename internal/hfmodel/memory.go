@@ -256,9 +256,9 @@ func (c *Config) gradBuckets(bucketBytes, world int64) []gradBucket {
 	cur := gradBucket{ready: math.MaxInt}
 	for i, t := range params {
 		n := t.Numel()
-		layer := -1
-		if i >= 1 && int64(i) <= 12*c.NumHiddenLayers {
-			layer = (i - 1) / 12
+		layer := -1 // a decoder layer's parameter is complete after that layer's backward
+		if _, err := fmt.Sscanf(t.Name, "model.layers.%d.", &layer); err != nil {
+			layer = -1
 		}
 		var owned int64 // the largest rank's share: cuts at multiples of 64
 		cut := func(k int64) int64 {
