@@ -95,11 +95,20 @@
 //     row has none, the reply rendered from the judgment (below).
 //   - replay.render = "judgment": the reply rendered from the judgment.
 //
-// Rendered: judged right, "The answer is G." with G the golden answer the
-// model's logged reply states (SpokenGolden: the longest golden answer whose
-// normalised words occur in the normalised reply), or the first non-empty
-// one when the reply states none or there is no reply; judged wrong, the logged reply text, or "I don't know."
-// (ReplayNonAnswer) when there is none. A row with a reply and no judgment
+// Rendered (ReplayRenderer.Text): one template for every row, "The answer
+// is A.", so that the form of a reply tells a policy no more about its
+// judgment than the model's real reply would (package leakage measures it).
+// Judged right, A is the golden answer the model's logged reply states
+// (SpokenGolden: the longest golden answer whose normalised words occur in
+// the normalised reply), or the first non-empty one when the reply states
+// none or there is no reply. Judged wrong, A is the answer the reply states
+// (StatedAnswers: a short reply itself, else quoted spans and runs of
+// capitalised words of its sentences that the question does not hold; the
+// first that matches no golden answer), else, and for a row without reply
+// text, the first golden answer of another question of the log's dataset,
+// drawn by SHA-256 of (question id, model), that matches none of the row's
+// (ReplayNonAnswer, "I don't know", when the log has none). Not judged, A
+// is the reply's first stated answer. In text mode a row with reply text
 // gives its reply. The reply is trimmed and cut to replay.max_reply_chars
 // code points (default 2048). Tokens and cost are the row's when logged;
 // otherwise the input tokens are estimated from the question's text (4

@@ -26,9 +26,10 @@ const (
 	// DefaultReplayMaxReplyChars bounds a replayed reply, in code points:
 	// about openai.max_tokens' 512 tokens at 4 characters per token.
 	DefaultReplayMaxReplyChars = 2048
-	// ReplayNonAnswer is the reply rendered for a row judged wrong without
-	// reply text.
-	ReplayNonAnswer = "I don't know."
+	// ReplayNonAnswer is the answer rendered for a row judged wrong when the
+	// log holds no other answer of its dataset to draw one from
+	// (ReplayRenderer.Text).
+	ReplayNonAnswer = "I don't know"
 )
 
 var (
@@ -51,7 +52,8 @@ type ReplayConfig struct {
 	Model string `toml:"model"`
 	// Render is "text" (the logged reply; rendered from the judgment when
 	// the row has no reply) or "judgment" (always rendered from the
-	// judgment: the golden answer when judged right). Default "text".
+	// judgment, "The answer is A.", A a golden answer when judged right and
+	// the reply's own answer when wrong). Default "text".
 	Render string `toml:"render"`
 	// MaxReplyChars cuts a reply to this many code points. Default 2048.
 	MaxReplyChars int `toml:"max_reply_chars"`
@@ -146,7 +148,7 @@ func (r *replay) complete(ctx context.Context, call providerCall) (completion, e
 	if !ok {
 		return completion{Attempts: 1}, fmt.Errorf("%w in %s for question %q, model %q", ErrReplayMissing, r.cfg.Log, q.ID, r.cfg.Model)
 	}
-	text := strings.TrimSpace(cutRunes(strings.TrimSpace(ReplayText(row, r.cfg.Render)), r.cfg.MaxReplyChars))
+	text := strings.TrimSpace(cutRunes(strings.TrimSpace(rendererOf(r.log).Text(row, r.cfg.Render)), r.cfg.MaxReplyChars))
 	c := completion{Text: text, Attempts: 1}
 	if row.InputTokens != nil {
 		c.InputTokens = *row.InputTokens
@@ -178,28 +180,10 @@ func (r *replay) complete(ctx context.Context, call providerCall) (completion, e
 // differently (eval's identity of a pool with replayed models holds it, so
 // results made under an earlier rule are not resumed). 2: a rendered right
 // answer states the golden answer the model's own reply holds (before: the
-// first golden answer).
-const ReplayVersion = 2
-
-// ReplayText is the reply a row gives under a render mode (RenderText or
-// RenderJudgment), before it is cut to replay.max_reply_chars: the logged
-// reply in text mode when there is one; otherwise, judged right: "The
-// answer is G." with G the golden answer the model said (SpokenGolden);
-// judged wrong: the logged reply, or ReplayNonAnswer without one. A row
-// with a reply but no judgment gives its reply in either mode.
-func ReplayText(row outcomes.Row, render string) string {
-	if row.Reply != nil && (render == RenderText || row.Correct == nil || !*row.Correct) {
-		return *row.Reply
-	}
-	if row.Correct != nil && *row.Correct {
-		reply := ""
-		if row.Reply != nil {
-			reply = *row.Reply
-		}
-		return "The answer is " + SpokenGolden(row.Golden, reply) + "."
-	}
-	return ReplayNonAnswer
-}
+// first golden answer). 3: right and wrong replies are rendered alike, "The
+// answer is A." (ReplayRenderer.Text; before, a wrong reply kept the model's
+// prose or read "I don't know.", which gave the judgment away).
+const ReplayVersion = 3
 
 // SpokenGolden is the golden answer a reply states: of the golden answers
 // whose normalised text (data.Normalize, as exact match reads it) occurs in

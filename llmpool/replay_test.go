@@ -8,6 +8,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/recal-project/recal/data"
+	"github.com/recal-project/recal/outcomes"
 )
 
 // replayLog is a small outcome log: two questions, two models (one with
@@ -56,10 +59,10 @@ func TestReplayAnswersFromTheLog(t *testing.T) {
 		{"big", "nq/1", "Hamlet was written by William Shakespeare.", 20, 9, 0.5, false},
 		{"big", "nq/2", "Saturn is the largest.", 0, 0, 0, true},
 		{"small", "nq/1", "The answer is William Shakespeare.", 0, 0, 0, true},
-		{"small", "nq/2", ReplayNonAnswer, 0, 0, 0, true},
+		{"small", "nq/2", "The answer is Paris.", 0, 0, 0, true}, // no text: another question's golden answer
 		{"big-judged", "nq/1", "The answer is William Shakespeare.", 20, 9, 0.5, false},
-		{"big-judged", "nq/2", "Saturn is the largest.", 0, 0, 0, true}, // judged wrong: the model's own answer
-		{"big-judged", "nq/3", "The answer is Paris.", 0, 0, 0, true},   // output tokens: of what the model wrote
+		{"big-judged", "nq/2", "The answer is Saturn.", 0, 0, 0, true}, // judged wrong: the answer the model stated
+		{"big-judged", "nq/3", "The answer is Paris.", 0, 0, 0, true},  // output tokens: of what the model wrote
 		{"big-short", "nq/1", "Hamlet", 20, 9, 0.5, false},
 	}
 	for _, c := range cases {
@@ -235,5 +238,102 @@ func TestSpokenGolden(t *testing.T) {
 	r := p.Call(context.Background(), Request{Model: "gpt", Query: "q", Question: q("triviaqa/1", "triviaqa")})
 	if r.Failed || r.Text != "The answer is Octopussy." {
 		t.Errorf("rendered reply %q (failed %v), want the alias the model said", r.Text, r.Failed)
+	}
+}
+
+// The answer a reply states, by StatedAnswers' documented rule.
+func TestStatedAnswers(t *testing.T) {
+	cases := []struct {
+		name, reply, question string
+		want                  []string
+	}{
+		{"a short reply is its own answer", "Wilhelm Röntgen", "who got the first nobel prize in physics", []string{"Wilhelm Röntgen"}},
+		{"short, quoted, final period", `"Atomic."`, "which blondie song", []string{"Atomic"}},
+		{"quotes first", `The nickname of the Merchant Navy's flag is the "Red Ensign."`, "what is the merchant navy flag called", []string{"Red Ensign"}}, // "Merchant Navy's": every content word is the question's
+		{"question words dropped", "The first spacecraft to land on another planet was Viking 1, which landed on Mars in 1976.",
+			"what was the first spacecraft to land on another planet", []string{"Viking 1", "Mars", "1976"}},
+		{"runs join across of", "The song was written by the Bank of England choir in 1990.", "who wrote the song", []string{"Bank of England", "1990"}},
+		{"a bracket ends a run", "The Bureau of Land Management (BLM) manages over 248 million acres.", "who manages public land",
+			[]string{"Bureau of Land Management", "BLM", "248"}},
+		{"openers are no answer", "I'm sorry, but I couldn't find it. However, Paris is likely.", "capital", []string{"Paris"}},
+		{"after the copula when nothing is capitalised", "The name for this garment is a jubbah, worn by men.", "what is the garment called", []string{"a jubbah"}},
+		{"initials do not end a sentence", "It was J. R. R. Tolkien who wrote it in full.", "who wrote it", []string{"J. R. R. Tolkien"}},
+		{"a short sentence is no answer", "Saturn is the largest.", "largest planet", []string{"Saturn"}},
+		{"nothing stated", "it depends on many things that vary a lot", "what", nil},
+		{"empty", "   ", "what", nil},
+		{"invalid UTF-8", "The answer was \xff Jove \xfe in the end of it all.", "who", []string{"Jove"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := StatedAnswers(c.reply, c.question)
+			if strings.Join(got, "|") != strings.Join(c.want, "|") {
+				t.Errorf("StatedAnswers(%q) = %q, want %q", c.reply, got, c.want)
+			}
+		})
+	}
+}
+
+// Every row of the EVOUNA log renders into one template; a right reply
+// scores an exact match and a wrong one never does, so the world keeps the
+// people's judgments while its replies look alike.
+func TestRenderedRepliesShareOneTemplate(t *testing.T) {
+	l, err := outcomes.ReadFile("../data/outcomes/evouna/outcomes.jsonl.gz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := NewReplayRenderer(l)
+	for _, row := range l.Rows {
+		text := r.Text(row, RenderJudgment)
+		answer, ok := strings.CutPrefix(text, "The answer is ")
+		if !ok || !strings.HasSuffix(answer, ".") || strings.ContainsAny(answer, "\n\t") {
+			t.Fatalf("%s / %s: %q is not \"The answer is A.\" on one line", row.QuestionID, row.Model, text)
+		}
+		answer = strings.TrimSuffix(answer, ".")
+		if strings.TrimSpace(answer) == "" {
+			t.Fatalf("%s / %s: empty answer in %q", row.QuestionID, row.Model, text)
+		}
+		if row.Correct == nil || data.ExactMatch(row.Golden[0], row.Golden) == 0 {
+			continue // no judgment, or a golden answer exact match cannot score ("A+" normalises to nothing)
+		}
+		if em := data.ExactMatch(answer, row.Golden) == 1; em != *row.Correct {
+			t.Fatalf("%s / %s judged %v: rendered %q scores exact match %v; the rendered answer must score as people judged", row.QuestionID, row.Model, *row.Correct, text, em)
+		}
+	}
+}
+
+// A row judged wrong without reply text gets another question's golden
+// answer (same dataset), never one of its own golden answers.
+func TestBankAnswer(t *testing.T) {
+	f, tr := false, true
+	rows := []outcomes.Row{
+		{Dataset: "nq", QuestionID: "nq/1", Question: "a", Golden: []string{"Paris"}, Model: "m", Correct: &f},
+		{Dataset: "nq", QuestionID: "nq/2", Question: "b", Golden: []string{"Paris, France"}, Model: "m", Correct: &tr},
+		{Dataset: "nq", QuestionID: "nq/3", Question: "c", Golden: []string{"  Jupiter. "}, Model: "m", Correct: &tr},
+		{Dataset: "tq", QuestionID: "tq/1", Question: "d", Golden: []string{"Mars"}, Model: "m", Correct: &f},
+	}
+	var b strings.Builder
+	if err := outcomes.Write(&b, rows); err != nil {
+		t.Fatal(err)
+	}
+	l, err := outcomes.Read(strings.NewReader(b.String()), "bank.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := NewReplayRenderer(l)
+	cases := []struct {
+		row  outcomes.Row
+		want string
+	}{
+		{l.Rows[0], "The answer is Jupiter."},                 // "Paris, France" holds Paris: skipped
+		{l.Rows[2], "The answer is Jupiter."},                 // right: its own golden answer, trimmed
+		{l.Rows[3], "The answer is " + ReplayNonAnswer + "."}, // no other question of its dataset
+	}
+	for _, c := range cases {
+		if got := r.Text(c.row, RenderJudgment); got != c.want {
+			t.Errorf("%s: %q, want %q", c.row.QuestionID, got, c.want)
+		}
+		if got := r.Text(c.row, RenderText); got != c.want {
+			t.Errorf("%s in text mode (no reply text): %q, want %q", c.row.QuestionID, got, c.want)
+		}
 	}
 }

@@ -49,7 +49,7 @@ func TestAblateOnReplayWorld(t *testing.T) {
 			if em[m] == nil {
 				em[m] = map[string]float64{}
 			}
-			reply := llmpool.ReplayText(w.rows[[2]string{q.ds + "/" + q.id, m}], r)
+			reply := w.render.Text(w.rows[[2]string{q.ds + "/" + q.id, m}], r)
 			em[m][q.ds] += data.ExactMatch(eval.ExtractAnswer(reply), []string{q.golden}) / 2
 		}
 	}

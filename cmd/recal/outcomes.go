@@ -4,11 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 
 	"github.com/urfave/cli/v3"
 
 	"github.com/recal-project/recal/baselines"
+	"github.com/recal-project/recal/internal/hfmodel"
+	"github.com/recal-project/recal/leakage"
+	"github.com/recal-project/recal/llmpool"
 	"github.com/recal-project/recal/outcomes"
 )
 
@@ -62,6 +66,43 @@ func outcomesCommand() *cli.Command {
 				}
 				fmt.Printf("%s: %d rows (%d failed calls left out)\n", cmd.String("out"), st.Rows, st.Failed)
 				return nil
+			},
+		}, {
+			Name:  "leakage",
+			Usage: "measure how much a replayed reply's form tells about its judgment (AUC of a classifier of the reply alone)",
+			Description: "Renders every judged row of --log as provider replay would (--render), trains logistic regression on\n" +
+				"character 1-4-grams of the reply alone (no question, no model) on some questions, and prints its AUC at\n" +
+				"predicting the judgment on the held-out questions (drawn by SHA-256 of the question id): for the rendered\n" +
+				"replies, and for the logged reply text where the log has it, overall and per model. 0.5 is chance; a\n" +
+				"rendered AUC clearly above the logged text's means the rendering gives the judgment away. See\n" +
+				"docs/outcomes.md, \"Leakage\".",
+			Flags: []cli.Flag{
+				&cli.StringFlag{Name: "log", Usage: "outcome log (JSON Lines, .gz allowed)"},
+				&cli.StringFlag{Name: "render", Value: llmpool.RenderJudgment, Usage: "render mode to check: judgment or text"},
+				&cli.Float64Flag{Name: "test-share", Value: leakage.DefaultTestShare, Usage: "share of questions held out (0 < share < 1)"},
+				&cli.StringFlag{Name: "out", Usage: "also write the report as JSON to this file (replaced atomically)"},
+			},
+			Action: func(ctx context.Context, cmd *cli.Command) error {
+				if err := requireFlags(cmd, "log"); err != nil {
+					return err
+				}
+				if s := cmd.Float64("test-share"); !(s > 0 && s < 1) {
+					return usageError{fmt.Errorf("%s: --test-share %v: want a share between 0 and 1", cmd.FullName(), s)}
+				}
+				rep, err := leakage.CheckFile(cmd.String("log"), cmd.String("render"), leakage.Options{TestShare: cmd.Float64("test-share")})
+				if err != nil {
+					return err
+				}
+				if out := cmd.String("out"); out != "" {
+					if err := hfmodel.WriteAtomic(out, func(w io.Writer) error {
+						enc := json.NewEncoder(w)
+						enc.SetIndent("", "  ")
+						return enc.Encode(rep)
+					}); err != nil {
+						return err
+					}
+				}
+				return rep.Format(os.Stdout)
 			},
 		}},
 	}

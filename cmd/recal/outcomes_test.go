@@ -28,6 +28,8 @@ type replayWorld struct {
 	dir, log string
 	// rows by (question id, model)
 	rows map[[2]string]outcomes.Row
+	// render renders the log's rows as provider replay does.
+	render *llmpool.ReplayRenderer
 }
 
 var worldQuestions = []struct{ ds, split, id, q, golden string }{
@@ -86,6 +88,11 @@ func newReplayWorld(t *testing.T, skip string) replayWorld {
 	if err := outcomes.WriteFile(w.log, rows); err != nil {
 		t.Fatal(err)
 	}
+	l, err := outcomes.ReadFile(w.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.render = llmpool.NewReplayRenderer(l)
 	return w
 }
 
@@ -242,7 +249,7 @@ func TestReplayWorldTrainsAndEvaluates(t *testing.T) {
 			if !ok {
 				t.Fatalf("%s: question %s called %q, not a logged model", router, r.ID, c.Model)
 			}
-			if want := llmpool.ReplayText(row, render[c.Model]); c.Reply != want {
+			if want := w.render.Text(row, render[c.Model]); c.Reply != want {
 				t.Errorf("%s: question %s, model %s: reply %q, want the logged %q", router, r.ID, c.Model, c.Reply, want)
 			}
 			want := 0.0

@@ -1,0 +1,53 @@
+package leakage
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/recal-project/recal/llmpool"
+	"github.com/recal-project/recal/outcomes"
+)
+
+// CheckFile reads the outcome log at path and checks the replies a
+// replayed model renders from it under render mode render
+// (llmpool.RenderJudgment or llmpool.RenderText).
+func CheckFile(path, render string, opt Options) (Report, error) {
+	if render != llmpool.RenderJudgment && render != llmpool.RenderText {
+		return Report{}, fmt.Errorf("leakage: render %q is not one of %s, %s", render, llmpool.RenderJudgment, llmpool.RenderText)
+	}
+	l, err := outcomes.ReadFile(path)
+	if err != nil {
+		return Report{}, err
+	}
+	r := llmpool.NewReplayRenderer(l)
+	rep, err := Check(l, func(row outcomes.Row) string { return r.Text(row, render) }, opt)
+	rep.Render = render
+	return rep, err
+}
+
+// Format writes the report as a table: the AUCs over every held-out row,
+// then per model.
+func (r Report) Format(w io.Writer) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s: %d judged rows (%.3f judged right), %d of held-out questions (%.0f%%)\n",
+		r.Log, r.Rows, r.RightShare, r.Test, 100*r.Options.TestShare)
+	fmt.Fprintf(&b, "AUC of predicting the judgment from the reply alone (0.5: chance)\n")
+	fmt.Fprintf(&b, "%-12s %8s %8s %14s %12s\n", "rows", "held out", "right", "rendered AUC", "logged AUC")
+	fmt.Fprintf(&b, "%-12s %8d %8.3f %14.3f %12s\n", "all", r.Test, r.RightShare, r.Rendered, "")
+	if r.Logged != nil {
+		fmt.Fprintf(&b, "%-12s %8d %8s %14.3f %12.3f\n", "with text", r.LoggedRows, "", *r.RenderedOnLogged, *r.Logged)
+	}
+	for _, m := range r.Models {
+		fmt.Fprintf(&b, "%-12s %8d %8.3f %14s %12s\n", m.Model, m.Test, m.RightShare, opt(m.Rendered), opt(m.Logged))
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func opt(p *float64) string {
+	if p == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.3f", *p)
+}
