@@ -166,6 +166,17 @@ var inputParts = map[string]func(s Setup) (any, error){
 	"largest": func(s Setup) (any, error) { return largest(s) },
 	// selector: --selector as given.
 	"selector": func(s Setup) (any, error) { return s.Selector, nil },
+	// cascade: the fitted rule's digest and the threshold.
+	"cascade": func(s Setup) (any, error) {
+		rule, err := fitCascade(s)
+		if err != nil {
+			return nil, err
+		}
+		return struct {
+			Rule      string
+			Threshold float64
+		}{rule.Digest(), s.CascadeThreshold}, nil
+	},
 	// knn: the logged outcomes' sha256 and k.
 	"knn": func(s Setup) (any, error) {
 		if s.KNNLog == "" {

@@ -44,6 +44,11 @@ type Setup struct {
 	CoTTemplate string
 	// SFTCheckpoint is the sft router's checkpoint (recal train-sft-direct).
 	SFTCheckpoint string
+	// Outcomes is the outcome matrix (recal collect --out) the cascade
+	// router fits its stopping rule on; CascadeThreshold is its threshold
+	// in [0, 1] (cascade.go).
+	Outcomes         string
+	CascadeThreshold float64
 	// RouterDir holds one folder per fitted baseline router (recal fit
 	// --router-dir); Embedding and EmbeddingCache are the [embedding] table
 	// and disk-cache folder they embed questions with (fitted.go).
@@ -112,6 +117,10 @@ var Routers = map[string]Spec{
 	"routellm-mf": fittedSpec("routellm-mf"),
 	"routerdc":    fittedSpec("routerdc"),
 	"graphrouter": fittedSpec("graphrouter"),
+	// cascade: FrugalGPT's cascade, the pool's models cheapest first until
+	// a stopping rule fitted on --outcomes trusts the answer
+	// (baselines.CascadeRule); every call counts (cascade.go).
+	"cascade": {New: newCascade, Inputs: []string{"pool", "cascade"}},
 	// prompt-decomp, knn-decomp: prompt and knn with task decomposition
 	// (Table 1's Prompt LLM* and KNN Router*): the selector splits the
 	// question, each sub-question is routed and answered, the selector

@@ -11,8 +11,9 @@ import (
 
 // CheckFile reads the outcome log at path and checks the replies a
 // replayed model renders from it under render mode render
-// (llmpool.RenderJudgment or llmpool.RenderText).
-func CheckFile(path, render string, opt Options) (Report, error) {
+// (llmpool.RenderJudgment or llmpool.RenderText), and the agreement of each
+// pair of models of pairs (CheckAgreement).
+func CheckFile(path, render string, opt Options, pairs [][2]string) (Report, error) {
 	if render != llmpool.RenderJudgment && render != llmpool.RenderText {
 		return Report{}, fmt.Errorf("leakage: render %q is not one of %s, %s", render, llmpool.RenderJudgment, llmpool.RenderText)
 	}
@@ -21,9 +22,20 @@ func CheckFile(path, render string, opt Options) (Report, error) {
 		return Report{}, err
 	}
 	r := llmpool.NewReplayRenderer(l)
-	rep, err := Check(l, func(row outcomes.Row) string { return r.Text(row, render) }, opt)
+	text := func(row outcomes.Row) string { return r.Text(row, render) }
+	rep, err := Check(l, text, opt)
 	rep.Render = render
-	return rep, err
+	if err != nil {
+		return rep, err
+	}
+	for _, p := range pairs {
+		ag, err := CheckAgreement(l, text, p[0], p[1])
+		if err != nil {
+			return rep, err
+		}
+		rep.Agreement = append(rep.Agreement, ag)
+	}
+	return rep, nil
 }
 
 // Format writes the report as a table: the AUCs over every held-out row,
@@ -41,8 +53,18 @@ func (r Report) Format(w io.Writer) error {
 	for _, m := range r.Models {
 		fmt.Fprintf(&b, "%-12s %8d %8.3f %14s %12s\n", m.Model, m.Test, m.RightShare, opt(m.Rendered), opt(m.Logged))
 	}
-	_, err := io.WriteString(w, b.String())
-	return err
+	if _, err := io.WriteString(w, b.String()); err != nil {
+		return err
+	}
+	for _, ag := range r.Agreement {
+		if _, err := io.WriteString(w, "\n"); err != nil {
+			return err
+		}
+		if err := ag.Format(w); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func opt(p *float64) string {

@@ -116,6 +116,9 @@ type Report struct {
 	// Models are the same AUCs on each model's held-out rows (the
 	// classifiers trained on every model's rows), by model name.
 	Models []ModelReport `json:"models"`
+	// Agreement is, for each pair of models asked for (CheckFile), how
+	// often the first's answer occurs in the second's reply.
+	Agreement []Agreement `json:"agreement,omitempty"`
 	// Options are the settings used.
 	Options Options `json:"options"`
 }

@@ -215,3 +215,27 @@ func TestCheckErrors(t *testing.T) {
 		})
 	}
 }
+
+// Agreement sees what one reply at a time cannot: a rendered wrong reply
+// never states the golden answer, so it never agrees with a right one,
+// while real wrong replies often name the right answer beside their own
+// (docs/evaluation.md, "The cascade baseline").
+func TestAgreementShowsWhatOneReplyHides(t *testing.T) {
+	l := readEVOUNA(t)
+	r := llmpool.NewReplayRenderer(l)
+	ag, err := CheckAgreement(l, func(row outcomes.Row) string { return r.Text(row, llmpool.RenderJudgment) }, "chatgpt", "gpt4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rightWrong := ag.Cells[1]
+	if !rightWrong.ARight || rightWrong.BRight || rightWrong.N < 100 {
+		t.Fatalf("cell 1 is %+v, want chatgpt right and gpt4 wrong over 100+ questions", rightWrong)
+	}
+	if rightWrong.Rendered != 0 || rightWrong.Logged < 0.1 {
+		t.Errorf("chatgpt right, gpt4 wrong: agreement rendered %.3f, logged %.3f; want 0 rendered (a wrong answer never matches a golden one) and at least 0.1 logged",
+			rightWrong.Rendered, rightWrong.Logged)
+	}
+	if _, err := CheckAgreement(l, func(row outcomes.Row) string { return r.Text(row, llmpool.RenderJudgment) }, "chatgpt", "nobody"); !errors.Is(err, ErrTooFew) || !strings.Contains(err.Error(), "nobody") {
+		t.Errorf("a model the log lacks: error %v, want ErrTooFew naming it", err)
+	}
+}

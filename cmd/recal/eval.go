@@ -30,6 +30,8 @@ func evalFlags() []cli.Flag {
 		&cli.IntFlag{Name: "knn-k", Value: 10, Usage: "neighbours of the knn router"},
 		&cli.StringFlag{Name: "router-dir", Usage: "folder of the fitted baseline routers (mlp, routellm-mf, routerdc, graphrouter), one sub-folder each, made by recal fit"},
 		&cli.StringFlag{Name: "sft-checkpoint", Usage: "checkpoint of the sft router, made by recal train-sft-direct"},
+		&cli.StringFlag{Name: "outcomes", Usage: "outcome matrix (made by recal collect --out) the cascade router fits its stopping rule on"},
+		&cli.Float64Flag{Name: "cascade-threshold", Value: 0.8, Usage: "the cascade router stops once its rule's score of the latest answer reaches this (0..1; 0: the cheapest model alone, 1: the whole chain)"},
 		&cli.StringFlag{Name: "cot-template", Usage: "prompt template of the cot router (default: " + eval.CoTTemplateName + " beside router.prompt_template)"},
 	}
 }
@@ -88,6 +90,7 @@ func evalSetup(cmd *cli.Command, cfg config.Config, checkpoint string, qs []data
 	}
 	s.Largest, s.Selector, s.KNNLog, s.KNNK = cmd.String("largest"), cmd.String("selector"), knnLogOf(cmd, checkpoint), int(cmd.Int("knn-k"))
 	s.SFTCheckpoint, s.CoTTemplate, s.RouterDir = cmd.String("sft-checkpoint"), cmd.String("cot-template"), cmd.String("router-dir")
+	s.Outcomes, s.CascadeThreshold = cmd.String("outcomes"), cmd.Float64("cascade-threshold")
 	return s, closeAll, nil
 }
 

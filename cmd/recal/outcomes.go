@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/urfave/cli/v3"
 
@@ -74,12 +75,15 @@ func outcomesCommand() *cli.Command {
 				"character 1-4-grams of the reply alone (no question, no model) on some questions, and prints its AUC at\n" +
 				"predicting the judgment on the held-out questions (drawn by SHA-256 of the question id): for the rendered\n" +
 				"replies, and for the logged reply text where the log has it, overall and per model. 0.5 is chance; a\n" +
-				"rendered AUC clearly above the logged text's means the rendering gives the judgment away. See\n" +
+				"rendered AUC clearly above the logged text's means the rendering gives the judgment away. --pair A:B\n" +
+				"adds how often A's answer occurs in B's reply per pair of judgments, rendered and logged: replies that\n" +
+				"agree otherwise than real ones leak to a policy that calls both. See\n" +
 				"docs/outcomes.md, \"Leakage\".",
 			Flags: []cli.Flag{
 				&cli.StringFlag{Name: "log", Usage: "outcome log (JSON Lines, .gz allowed)"},
 				&cli.StringFlag{Name: "render", Value: llmpool.RenderJudgment, Usage: "render mode to check: judgment or text"},
 				&cli.Float64Flag{Name: "test-share", Value: leakage.DefaultTestShare, Usage: "share of questions held out (0 < share < 1)"},
+				&cli.StringSliceFlag{Name: "pair", Usage: "A:B: also report how often model A's answer occurs in model B's reply, rendered and logged, per pair of judgments (repeat for more pairs)"},
 				&cli.StringFlag{Name: "out", Usage: "also write the report as JSON to this file (replaced atomically)"},
 			},
 			Action: func(ctx context.Context, cmd *cli.Command) error {
@@ -89,7 +93,15 @@ func outcomesCommand() *cli.Command {
 				if s := cmd.Float64("test-share"); !(s > 0 && s < 1) {
 					return usageError{fmt.Errorf("%s: --test-share %v: want a share between 0 and 1", cmd.FullName(), s)}
 				}
-				rep, err := leakage.CheckFile(cmd.String("log"), cmd.String("render"), leakage.Options{TestShare: cmd.Float64("test-share")})
+				var pairs [][2]string
+				for _, p := range cmd.StringSlice("pair") {
+					a, b, ok := strings.Cut(p, ":")
+					if !ok || a == "" || b == "" {
+						return usageError{fmt.Errorf("%s: --pair %q: want MODEL_A:MODEL_B", cmd.FullName(), p)}
+					}
+					pairs = append(pairs, [2]string{a, b})
+				}
+				rep, err := leakage.CheckFile(cmd.String("log"), cmd.String("render"), leakage.Options{TestShare: cmd.Float64("test-share")}, pairs)
 				if err != nil {
 					return err
 				}
