@@ -33,6 +33,9 @@ type Row struct {
 	Reference string `json:"reference,omitempty"`
 	// Model is the pool model of a single-model reference row.
 	Model string `json:"model,omitempty"`
+	// Routing is where a router's calls went (routing.go); nil for a
+	// reference row.
+	Routing *Routing `json:"routing,omitempty"`
 }
 
 // Label is the row's name in the rendered tables: the router, or the
@@ -55,6 +58,9 @@ type Table struct {
 	InDomain   []string `json:"in_domain,omitempty"` // the datasets trained on (Setup.InDomain); the others are out of domain
 	Rows       []Row    `json:"rows"`
 	References []Row    `json:"references,omitempty"`
+	// results are the routers' per-question results of this run, by
+	// router (Run), for AddReferences' Routing rates.
+	results map[string][]rollout.QuestionResult
 }
 
 func (t Table) inDomain(d string) bool { return slices.Contains(t.InDomain, d) }
@@ -92,6 +98,11 @@ func Run(ctx context.Context, s Setup, qs []data.Example, routers []string, outD
 		}
 		row := rowOf(res, t.Datasets)
 		row.Router = name
+		row.Routing = routingOf(res, s.Env.Pool.Models())
+		if t.results == nil {
+			t.results = map[string][]rollout.QuestionResult{}
+		}
+		t.results[name] = res
 		t.Rows = append(t.Rows, row)
 	}
 	return t, nil
@@ -301,6 +312,7 @@ func (t Table) Text(w io.Writer) {
 		fmt.Fprintf(w, "%-*s %14.2f %12.4f %12.6f %12.3f %8d\n", lw, r.Label(), r.Avg.Calls, r.Avg.Cost, r.CostPerQuestion, r.Avg.WellFormed, r.Avg.N)
 		closed = closed || r.Avg.Closed > 0
 	}
+	t.routingText(w, lw)
 	fmt.Fprintln(w, "\n* in-domain (trained on); the other datasets are out-of-domain")
 	if len(t.References) > 0 {
 		fmt.Fprintln(w, ReferenceNote)
@@ -351,6 +363,7 @@ func (t Table) Markdown(w io.Writer) {
 			fmt.Fprintf(w, "Reference %s.\n\n", strings.TrimPrefix(ReferenceNote, "reference "))
 		}
 	}
+	t.routingMarkdown(w)
 }
 
 func pick(metric string, s rollout.Score) float64 {

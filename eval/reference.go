@@ -67,6 +67,14 @@ func ModelResultsFile(m string) string {
 // s.Group calls it; rank 0 gets the rows, the others nil.
 func References(ctx context.Context, s Setup, qs []data.Example, outDir string, log *slog.Logger,
 	progress func(router string, done, total int)) ([]Row, error) {
+	rows, _, err := references(ctx, s, qs, outDir, log, progress)
+	return rows, err
+}
+
+// references is References, with every model's answers (per model, in qs's
+// order; rank 0 only).
+func references(ctx context.Context, s Setup, qs []data.Example, outDir string, log *slog.Logger,
+	progress func(router string, done, total int)) ([]Row, [][]rollout.QuestionResult, error) {
 	models := s.Env.Pool.Models()
 	memo := map[string]json.RawMessage{}
 	per := make([][]rollout.QuestionResult, len(models))
@@ -76,14 +84,15 @@ func References(ctx context.Context, s Setup, qs []data.Example, outDir string, 
 		res, err := answerFile(ctx, s, qs, name, r, func() (identity, error) { return modelIdentity(m.Name, s, memo) },
 			filepath.Join(outDir, ModelResultsFile(m.Name)), log, progress)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		per[i] = res // nil on a rank other than 0, which answers every model's share all the same
 	}
 	if s.Group != nil && s.Group.Rank() != 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
-	return referenceRows(models, per, datasetsOf(qs))
+	rows, err := referenceRows(models, per, datasetsOf(qs))
+	return rows, per, err
 }
 
 // referenceRows builds the reference rows from per[i], model i's result

@@ -22,6 +22,7 @@ type Metrics struct {
 	F1               float64            `json:"f1"`                 // = reward.ans
 	CallsPerQuestion float64            `json:"calls_per_question"` // pool calls per response
 	ModelShare       map[string]float64 `json:"model_share"`        // share of the step's calls per model
+	TopShare         float64            `json:"top_share"`          // share of the step's calls to the dearest pool model (highest price_in + price_out): routing collapse shows here
 	Advantage        float64            `json:"advantage_std"`
 	Entropy          float64            `json:"entropy"`   // mean over policy tokens
 	KL               float64            `json:"kl"`        // mean k3 KL over policy tokens
@@ -77,6 +78,15 @@ func stepMetrics(step int, samples []router.Sample, rewards []router.Rewards, ca
 		}
 	}
 	m.CallsPerQuestion = float64(calls) / n
+	if len(models) > 0 {
+		top := models[0]
+		for _, mi := range models[1:] {
+			if mi.PriceIn+mi.PriceOut > top.PriceIn+top.PriceOut {
+				top = mi
+			}
+		}
+		m.TopShare = m.ModelShare[top.Name]
+	}
 	var mean, sq float64
 	for _, a := range cal.Advantages {
 		mean += a / n

@@ -169,7 +169,7 @@ func runEval(ctx context.Context, cmd *cli.Command) error {
 		return err
 	}
 	// The reference rows: every pool model asked every question.
-	if table.References, err = eval.References(ctx, s, qs, out, slog.Default(), progress); err != nil || launch.Rank > 0 {
+	if err = table.AddReferences(ctx, s, qs, out, slog.Default(), progress); err != nil || launch.Rank > 0 {
 		return err // rank 0 writes the tables
 	}
 	if err := table.Write(out); err != nil {
