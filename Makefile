@@ -155,8 +155,10 @@ test: lib
 # OpenBLAS kernel of BLAS_CORES that this CPU runs ("default": the library's
 # own choice, OPENBLAS_CORETYPE unset), each set in its sub-command's
 # environment only; `test` above ran them under the environment's choice.
-# About a minute per kernel.
-BLAS_CORES ?= default Haswell Sandybridge
+# The list holds every kernel recal's commands may choose by themselves
+# (torchbridge.UseFastBLAS: SkylakeX, Haswell, Sandybridge, one per vector
+# width). About a minute per kernel.
+BLAS_CORES ?= default SkylakeX Haswell Sandybridge
 test-kernels: lib
 	$(GOENV) ./scripts/test-kernels.sh $(BLAS_CORES)
 

@@ -32,6 +32,7 @@ type result struct {
 }
 
 func main() {
+	torchbridge.UseFastBLAS() // the kernel recal's commands run (it re-executes, with UsePassiveOpenMP's variables)
 	torchbridge.UsePassiveOpenMP()
 	python := flag.String("python", "/usr/bin/python3", "Python with torch for the reference run; empty skips it")
 	threads := flag.Int("threads", runtime.NumCPU(), "CPU threads for both engines")
@@ -41,6 +42,18 @@ func main() {
 	flag.Parse()
 	if err := torchbridge.SetThreads(*threads); err != nil {
 		fail(err)
+	}
+	// The machine: PyTorch's child process inherits the kernel choice
+	// (OPENBLAS_CORETYPE), so both engines run the same BLAS kernel.
+	k := torchbridge.CurrentBLAS()
+	fmt.Printf("cpu: %s, %d cores\nblas: %s\n", k.CPU, runtime.NumCPU(), k)
+	var sgemm float64 // single-thread GFLOP/s
+	if *python != "" {
+		var err error
+		if sgemm, err = sgemmRate(*python); err != nil {
+			fail(err)
+		}
+		fmt.Printf("sgemm 1024x1024, 1 thread (PyTorch, same kernel): %.1f GFLOP/s\n", sgemm)
 	}
 	allOK := true
 	for _, name := range strings.Split(*presets, ",") {
@@ -56,6 +69,12 @@ func main() {
 			}
 		}
 		allOK = report(ours, ref) && allOK
+		if sgemm > 0 {
+			cfg, _ := hfmodel.Preset(name, 151936)
+			got := trainFlopsPerToken(cfg, engine.TrainLen) * ours.Train / 1e9
+			fmt.Printf("train step: %.1f GFLOP/s = %.0f%% of the sgemm rate × %d threads (%.1f GFLOP/s)\n",
+				got, 100*got/(sgemm*float64(*threads)), *threads, sgemm*float64(*threads))
+		}
 	}
 	if !allOK {
 		fmt.Println("\nsome rows are below 1.0× PyTorch eager")
@@ -120,6 +139,42 @@ func measure(preset string) (result, error) {
 	defer p.Close()
 	rates, err := engine.Measure(context.Background(), p, benchmark, engine.Options{HeadChunk: headChunk})
 	return result{Preset: preset, Rates: rates}, err
+}
+
+// sgemmRate is the single-thread sgemm rate of the machine's BLAS kernel:
+// bench/torch_eager.py --sgemm (1024×1024 float32 products in PyTorch, the
+// same libtorch and OpenBLAS as recal's).
+func sgemmRate(python string) (float64, error) {
+	cmd := exec.Command(python, "bench/torch_eager.py", "--sgemm", "--threads", "1")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return 0, fmt.Errorf("%s bench/torch_eager.py --sgemm: %w", python, err)
+	}
+	var r struct {
+		GFLOPs float64 `json:"sgemm_gflops"`
+	}
+	if err := json.Unmarshal(out, &r); err != nil || r.GFLOPs <= 0 {
+		return 0, fmt.Errorf("bench/torch_eager.py --sgemm printed %q", out)
+	}
+	return r.GFLOPs, nil
+}
+
+// trainFlopsPerToken is the arithmetic of one token of the train step on
+// sequences of T tokens: the matrix products of the forward pass (two flops
+// per weight: the layers' projections and the output head over every
+// position; attention's QKᵀ and PV over (T+1)/2 positions on average) and
+// twice that in the backward pass (the inputs' and the weights' gradients).
+// Norms, softmax, rotary embeddings and AdamW are left out (they are not
+// matrix products), so the share it gives of the sgemm rate is a lower
+// bound of the work done.
+func trainFlopsPerToken(c *hfmodel.Config, T int) float64 {
+	H, I, L, V := float64(c.HiddenSize), float64(c.IntermediateSize), float64(c.NumHiddenLayers), float64(c.VocabSize)
+	q := float64(c.NumAttentionHeads * c.HeadDimension())
+	kv := float64(c.NumKeyValueHeads * c.HeadDimension())
+	weights := L*(H*q+2*H*kv+q*H+3*H*I) + V*H
+	attention := L * 2 * q * float64(T+1) / 2 // QKᵀ and PV: q·positions multiply-adds each
+	return 3 * 2 * (weights + attention)
 }
 
 func reference(python, preset string, threads int) (*result, error) {

@@ -175,6 +175,23 @@ def bench_train(m, warmup, repeats):
     return TRAIN_BATCH * TRAIN_LEN / t
 
 
+def bench_sgemm(n):
+    """GFLOP/s of torch.mm on two n x n float32 matrices (OpenBLAS's sgemm
+    with Debian's torch): the best of 5 runs of 5 products, after one."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.rand(n, n, generator=g)
+    b = torch.rand(n, n, generator=g)
+    c = torch.empty(n, n)
+    torch.mm(a, b, out=c)
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(5):
+            torch.mm(a, b, out=c)
+        best = min(best, (time.perf_counter() - t) / 5)
+    return 2 * n ** 3 / best / 1e9
+
+
 def main():
     ap = argparse.ArgumentParser(description="PyTorch eager Qwen2 CPU baseline")
     ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
@@ -183,9 +200,15 @@ def main():
     ap.add_argument("--train-repeats", type=int, default=2, help="timed train steps (median reported)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed warm-up runs per measurement")
     ap.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    ap.add_argument("--sgemm", action="store_true",
+                    help="only measure float32 matrix products of 1024x1024 on --threads threads (GFLOP/s, best of 5 runs of 5)")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
+    if args.sgemm:
+        print(json.dumps({"sgemm_gflops": round(bench_sgemm(1024), 2), "threads": args.threads,
+                          "torch_version": torch.__version__}))
+        return
     m, _ = make_model(args.preset)
     m.eval()
 

@@ -615,6 +615,21 @@ int rc_get_threads(int32_t* out, char** err) {
   return guarded(err, [&] { *out = static_cast<int32_t>(torch::get_num_threads()); });
 }
 
+int rc_blas_kernel(char* core, int32_t core_cap, char* config, int32_t config_cap, char** err) {
+  return guarded(err, [&] {
+    using name_fn = char* (*)();
+    auto copy = [](name_fn f, char* out, int32_t cap) {
+      if (cap <= 0) return;
+      out[0] = 0;
+      if (!f) return;
+      const char* s = f();
+      if (s) snprintf(out, static_cast<size_t>(cap), "%s", s);
+    };
+    copy(reinterpret_cast<name_fn>(dlsym(RTLD_DEFAULT, "openblas_get_corename")), core, core_cap);
+    copy(reinterpret_cast<name_fn>(dlsym(RTLD_DEFAULT, "openblas_get_config")), config, config_cap);
+  });
+}
+
 int rc_cuda_available(int32_t* out, char** err) {
   return guarded(err, [&] { *out = torch::cuda::is_available() ? 1 : 0; });
 }

@@ -30,10 +30,13 @@ import (
 // gradients in the last bits, so BLAS keeps its threads; their number
 // follows policy.threads (SetThreads).
 func UsePassiveOpenMP() {
-	reexecWith([][2]string{
-		{"OMP_WAIT_POLICY", "PASSIVE"},
-		{"OPENBLAS_THREAD_TIMEOUT", "4"},
-	})
+	reexecWith(passiveEnv, false)
+}
+
+// passiveEnv are UsePassiveOpenMP's variables.
+var passiveEnv = [][2]string{
+	{"OMP_WAIT_POLICY", "PASSIVE"},
+	{"OPENBLAS_THREAD_TIMEOUT", "4"},
 }
 
 // UseTrainingMalloc re-executes the running program with glibc malloc
@@ -62,13 +65,14 @@ func UseTrainingMalloc() {
 		{"MALLOC_MMAP_THRESHOLD_", "33554432"},
 		{"MALLOC_TRIM_THRESHOLD_", "17179869184"},
 		{"MALLOC_TOP_PAD_", "268435456"},
-	})
+	}, false)
 }
 
 // reexecWith sets the variables of env that are missing and re-executes the
-// program with them; it returns when none was missing or the exec fails.
-func reexecWith(env [][2]string) {
-	missing := false
+// program with them (and with whatever else the caller set in os.Environ);
+// it returns when none was missing and force is false, or the exec fails.
+func reexecWith(env [][2]string, force bool) {
+	missing := force
 	for _, kv := range env {
 		if _, ok := os.LookupEnv(kv[0]); !ok {
 			os.Setenv(kv[0], kv[1])

@@ -11,6 +11,7 @@ import (
 	"github.com/recal-project/recal/internal/hfmodel"
 	"github.com/recal-project/recal/llmpool"
 	pf "github.com/recal-project/recal/preflight"
+	"github.com/recal-project/recal/torchbridge"
 )
 
 // A dry run (--dry-run of train, eval and serve) resolves and checks
@@ -44,6 +45,7 @@ func dryRunTrain(w io.Writer, cfg config.Config, configPath, runDir string, resu
 	p.Line("config       %s", configPath)
 	pol, _ := p.Policy("policy.checkpoint", cfg.Policy.Checkpoint)
 	p.Line("device       %s, %s", cfg.Policy.Device, cfg.Policy.DType)
+	p.Line("blas         %s", torchbridge.CurrentBLAS())
 	p.Line("data         %s", cfg.Data.Dir)
 	p.TrainData(cfg.Data, true)
 	p.Pool(cfg.Pool, cfg.Router)
@@ -85,6 +87,7 @@ func dryRunEval(w io.Writer, cfg config.Config, configPath, checkpoint string, s
 	p.Line("config       %s", configPath)
 	pol, _ := p.Policy("--checkpoint", checkpoint)
 	p.Line("device       %s, %s", cfg.Policy.Device, cfg.Policy.DType)
+	p.Line("blas         %s", torchbridge.CurrentBLAS())
 	p.Line("data         %s", cfg.Data.Dir)
 	p.TestData(cfg.Data)
 	p.TrainData(cfg.Data, false) // the simulated models' answer bank reads them

@@ -13,6 +13,7 @@ import (
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/eval"
 	"github.com/recal-project/recal/rollout"
+	"github.com/recal-project/recal/torchbridge"
 )
 
 // What several commands share: reading list flags, libtorch's threads and
@@ -49,7 +50,16 @@ func setThreadsFrom(cmd *cli.Command, configured int) error {
 	if cmd.Root().IsSet("threads") {
 		threads = int(cmd.Root().Int("threads"))
 	}
+	logBLAS()
 	return rollout.SetThreads(threads)
+}
+
+// logBLAS logs the BLAS kernel the process runs, why it was chosen and the
+// CPU (torchbridge.UseFastBLAS): one line at the start of every command
+// that runs the policy on the CPU.
+func logBLAS() {
+	k := torchbridge.CurrentBLAS()
+	slog.Info("blas", "kernel", k.String(), "cpu", k.CPU)
 }
 
 func splitList(s string) []string {

@@ -100,6 +100,9 @@ func rankThreads(cmd *cli.Command, configured int, l dist.Launch) error {
 	if l.Distributed() {
 		configured = trainer.Threads(configured, trainer.LocalWorldSize())
 	}
+	if l.Rank == 0 {
+		logBLAS()
+	}
 	return rollout.SetThreads(configured)
 }
 

@@ -24,6 +24,7 @@ import (
 )
 
 func main() {
+	torchbridge.UseFastBLAS() // first: it re-executes recal with UsePassiveOpenMP's variables too
 	torchbridge.UsePassiveOpenMP()
 	ctx, stop := interruptContext(context.Background(), os.Stderr, os.Exit)
 	defer stop()

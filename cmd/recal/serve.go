@@ -15,6 +15,7 @@ import (
 	pf "github.com/recal-project/recal/preflight"
 	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/serve"
+	"github.com/recal-project/recal/torchbridge"
 )
 
 func serveCommand() *cli.Command {
@@ -144,6 +145,7 @@ func dryRunServe(w io.Writer, cfg config.Config, configPath, checkpoint, name, t
 	p.Line("config       %s", configPath)
 	pol, _ := p.Policy("--checkpoint", checkpoint)
 	p.Line("device       %s, %s", cfg.Policy.Device, cfg.Policy.DType)
+	p.Line("blas         %s", torchbridge.CurrentBLAS())
 	p.Pool(cfg.Pool, cfg.Router) // before the plan: it sets the rows' response capacity
 	dryRunMemory(p, cfg, pol.Config, pf.Job{World: 1, Rows: cfg.Serve.MaxBatch, RowsKey: "serve.max_batch"})
 	s := cfg.Serve
