@@ -54,12 +54,19 @@ int rc_release_memory(char** err);
 /* The number of intra-op CPU threads the calling thread's work uses. */
 int rc_get_threads(int32_t* out, char** err);
 
-/* Checks the row-invariant decoding kernels (recal_rows.cc): their AVX2 path
- * and their portable path compute the same bits on random data with every
- * tile shape and length tail, and exp's special values; *vector is 1 when
- * the CPU ran the AVX2 path (0: only the portable one exists here). An
- * error names the kernel, the shape and the first element that differ. */
+/* Checks the row-invariant decoding kernels (recal_rows.cc): their AVX-512
+ * path (matrix products), AVX2 path and portable path compute the same bits
+ * on random data with every tile shape and length tail, and exp's special
+ * values; *vector is 2 when the CPU ran the AVX-512 and AVX2 paths, 1 when
+ * only the AVX2 path (0: only the portable one exists here). An error names
+ * the kernel, the shape and the first element that differ. */
 int rc_kernels_check(uint64_t seed, int32_t* vector, char** err);
+
+/* The OpenBLAS kernel ("core") the process runs and OpenBLAS's build
+ * summary, as OpenBLAS names them (openblas_get_corename,
+ * openblas_get_config), NUL-terminated in core[core_cap] and
+ * config[config_cap]; both are "" when libtorch's BLAS is not OpenBLAS. */
+int rc_blas_kernel(char* core, int32_t core_cap, char* config, int32_t config_cap, char** err);
 
 /* Reports whether the linked libtorch can use CUDA (1) or not (0). */
 int rc_cuda_available(int32_t* out, char** err);

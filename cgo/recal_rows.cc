@@ -309,23 +309,123 @@ void axpy(float p, const float* v, float* out, int64_t D) {
   for (int64_t d = 0; d < D; d++) out[d] = std::fmaf(p, v[d], out[d]);
 }
 
-// y [M, N] = x [M, K] · W [N, K]ᵀ (+ b [N]). Threads split the outputs in
-// blocks; no element's arithmetic depends on the split, the tile or M.
-void linear(const float* x, int64_t M, int64_t K, const float* W, int64_t N, const float* b, float* y) {
+// ---------------------------------------------------------------------------
+// AVX-512 tiles of y = x·Wᵀ, bit for bit the AVX2 tiles' arithmetic: a
+// 16-lane register holds two rows' 8 lanes ([row 2p | row 2p+1] for one
+// chunk of 8 k), multiplied by one 8-float chunk of a W row broadcast to both
+// halves; lane l of each half accumulates k ≡ l mod 8 with fused
+// multiply-adds in increasing k, from zero, and each half is added in
+// total8's tree, exactly as dot_ref and tile_avx2 do. Twice the lanes per
+// instruction: decoding a batch of rows runs twice the multiply-adds per cycle.
+
+bool have_avx512() {
+  static const bool ok = __builtin_cpu_supports("avx512f") && have_avx2();
+  return ok;
+}
+
+// Packs rows [0, M) of x [M, K] in pairs: xp[(p·KC + c)·16 + h·8 + l] =
+// x[2p + h][8c + l], zeros past K and for the missing row of an odd M.
+// KC = ceil(K / 8).
+void pack_pairs(const float* x, int64_t M, int64_t K, std::vector<float>& xp) {
+  int64_t KC = (K + 7) / 8, P = (M + 1) / 2;
+  xp.assign(P * KC * 16, 0.f);
+  for (int64_t m = 0; m < M; m++) {
+    float* dst = xp.data() + (m / 2) * KC * 16 + (m % 2) * 8;
+    for (int64_t k = 0; k < K; k++) dst[(k / 8) * 16 + k % 8] = x[m * K + k];
+  }
+}
+
+// v in both halves of a 16-lane register (AVX-512F's 256-bit broadcast).
+__attribute__((target("avx512f,avx2,fma"))) inline __m512 bcast8(__m256 v) {
+  return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(v)));
+}
+
+// An (R pairs = 2R rows) × C tile: pairs xp (KC chunks each, as pack_pairs
+// lays them) against C rows of W (stride ldw); rows is the number of valid
+// rows of the tile (2R, or 2R − 1 when its last pair is padding).
+template <int R, int C>
+__attribute__((target("avx512f,avx2,fma"))) void tile_avx512(const float* xp, int64_t KC, const float* W, int64_t ldw,
+                                                            int64_t K, const float* b, float* y, int64_t ldy, int rows) {
+  __m512 acc[R][C];
+  _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+    _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
+  int64_t full = K / 8;
+  for (int64_t kc = 0; kc < full; kc++) {
+    __m512 w[C];
+    _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) w[c] = bcast8(_mm256_loadu_ps(W + c * ldw + kc * 8));
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+      __m512 xv = _mm512_loadu_ps(xp + (r * KC + kc) * 16);
+      _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) acc[r][c] = _mm512_fmadd_ps(xv, w[c], acc[r][c]);
+    }
+  }
+  if (full < KC) {
+    __m256i m = tail_mask(K - full * 8);
+    __m512 w[C];
+    _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) w[c] = bcast8(_mm256_maskload_ps(W + c * ldw + full * 8, m));
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+      __m512 xv = _mm512_loadu_ps(xp + (r * KC + full) * 16);
+      _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) acc[r][c] = _mm512_fmadd_ps(xv, w[c], acc[r][c]);
+    }
+  }
+  _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+    _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) {
+      float lo = total8(_mm512_castps512_ps256(acc[r][c]));
+      y[(2 * r) * ldy + c] = b ? lo + b[c] : lo;
+      if (2 * r + 1 < rows) {
+        float hi = total8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[r][c]), 1)));
+        y[(2 * r + 1) * ldy + c] = b ? hi + b[c] : hi;
+      }
+    }
+}
+
+using Tile512Fn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, const float*, float*, int64_t, int);
+
+// Tiles of up to 4 pairs (8 rows) × 4 outputs: 16 accumulators, 4 broadcast
+// W chunks and a pair of x in 32 registers.
+const Tile512Fn kTiles512[4][4] = {
+    {tile_avx512<1, 1>, tile_avx512<1, 2>, tile_avx512<1, 3>, tile_avx512<1, 4>},
+    {tile_avx512<2, 1>, tile_avx512<2, 2>, tile_avx512<2, 3>, tile_avx512<2, 4>},
+    {tile_avx512<3, 1>, tile_avx512<3, 2>, tile_avx512<3, 3>, tile_avx512<3, 4>},
+    {tile_avx512<4, 1>, tile_avx512<4, 2>, tile_avx512<4, 3>, tile_avx512<4, 4>}};
+
+// The paths of linear: every one computes each element as dot_ref does.
+enum LinearPath { kPortable = 0, kAVX2 = 1, kAVX512 = 2 };
+
+LinearPath best_path() { return have_avx512() ? kAVX512 : have_avx2() ? kAVX2 : kPortable; }
+
+// y [M, N] = x [M, K] · W [N, K]ᵀ (+ b [N]) on path. Threads split the
+// outputs in blocks; no element's arithmetic depends on the split, the
+// tile, the path or M. The AVX-512 path takes the rows two by two, so a
+// single row (batch-1 decoding, bound by reading W) stays on AVX2.
+void linear_on(LinearPath path, const float* x, int64_t M, int64_t K, const float* W, int64_t N, const float* b, float* y) {
   constexpr int64_t kOutBlock = 64, kRowBlock = 32;
   int64_t blocks = (N + kOutBlock - 1) / kOutBlock;
   int64_t grain = std::max<int64_t>(1, (int64_t(1) << 18) / std::max<int64_t>(1, kOutBlock * M * K));
-  bool vec = have_avx2();
+  if (path == kAVX512 && M < 2) path = kAVX2;
+  std::vector<float> xp;
+  int64_t KC = (K + 7) / 8;
+  if (path == kAVX512) pack_pairs(x, M, K, xp);
   at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
     for (int64_t ob = b0; ob < b1; ob++) {
       int64_t n0 = ob * kOutBlock, n1 = std::min(N, n0 + kOutBlock);
       for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
         int64_t m1 = std::min(M, m0 + kRowBlock);
+        if (path == kAVX512) {
+          for (int64_t n = n0; n < n1; n += 4) {
+            int64_t c = std::min<int64_t>(4, n1 - n);
+            for (int64_t m = m0; m < m1; m += 8) {
+              int rows = (int)std::min<int64_t>(8, m1 - m);
+              kTiles512[(rows + 1) / 2 - 1][c - 1](xp.data() + (m / 2) * KC * 16, KC, W + n * K, K, K,
+                                                  b ? b + n : nullptr, y + m * N + n, N, rows);
+            }
+          }
+          continue;
+        }
         for (int64_t n = n0; n < n1; n += 2) {
           int64_t c = std::min<int64_t>(2, n1 - n);
           for (int64_t m = m0; m < m1; m += 4) {
             int64_t r = std::min<int64_t>(4, m1 - m);
-            if (vec) {
+            if (path == kAVX2) {
               kTiles[r - 1][c - 1](x + m * K, K, W + n * K, K, K, b ? b + n : nullptr, y + m * N + n, N);
             } else {
               for (int64_t i = 0; i < r; i++)
@@ -339,6 +439,10 @@ void linear(const float* x, int64_t M, int64_t K, const float* W, int64_t N, con
       }
     }
   });
+}
+
+void linear(const float* x, int64_t M, int64_t K, const float* W, int64_t N, const float* b, float* y) {
+  linear_on(best_path(), x, M, K, W, N, b, y);
 }
 
 // out = w ⊙ (x / sqrt(mean(x²) + eps)) for one vector of H.
@@ -623,19 +727,24 @@ void kernels_check(uint64_t seed) {
     expect(same_bits(s1, s2), "sum, K=" + std::to_string(K) + ": " + fstr(s1) + " vs " + fstr(s2));
     float m1 = max_avx2(a.data(), K), m2 = max_ref(a.data(), K);
     expect(same_bits(m1, m2), "max, K=" + std::to_string(K) + ": " + fstr(m1) + " vs " + fstr(m2));
-    for (int64_t M = 1; M <= 9; M += 1)
-      for (int64_t N = 1; N <= 5; N++) {
+    for (int64_t M : {1, 2, 3, 4, 5, 7, 8, 9, 17, 40})
+      for (int64_t N : {1, 2, 3, 4, 5, 9, 67, 130}) {
         auto x = tv.vec(M * K), W = tv.vec(N * K), bias = tv.vec(N);
         std::vector<float> y(M * N);
-        linear(x.data(), M, K, W.data(), N, (M + N) % 2 ? bias.data() : nullptr, y.data());
-        for (int64_t i = 0; i < M; i++)
-          for (int64_t j = 0; j < N; j++) {
-            float r = dot_ref(&x[i * K], &W[j * K], K);
-            if ((M + N) % 2) r = r + bias[j];
-            expect(same_bits(y[i * N + j], r), "linear, M=" + std::to_string(M) + " K=" + std::to_string(K) + " N=" +
-                                                   std::to_string(N) + ", element (" + std::to_string(i) + ", " +
-                                                   std::to_string(j) + "): " + fstr(y[i * N + j]) + " vs " + fstr(r));
-          }
+        for (LinearPath path : {kAVX2, kAVX512}) {
+          if (path == kAVX512 && !have_avx512()) continue;
+          std::fill(y.begin(), y.end(), std::numeric_limits<float>::quiet_NaN());
+          linear_on(path, x.data(), M, K, W.data(), N, (M + N) % 2 ? bias.data() : nullptr, y.data());
+          for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) {
+              float r = dot_ref(&x[i * K], &W[j * K], K);
+              if ((M + N) % 2) r = r + bias[j];
+              expect(same_bits(y[i * N + j], r), std::string(path == kAVX512 ? "AVX-512 " : "") + "linear, M=" +
+                                                     std::to_string(M) + " K=" + std::to_string(K) + " N=" +
+                                                     std::to_string(N) + ", element (" + std::to_string(i) + ", " +
+                                                     std::to_string(j) + "): " + fstr(y[i * N + j]) + " vs " + fstr(r));
+            }
+        }
       }
   }
   const float inf = std::numeric_limits<float>::infinity();
@@ -665,7 +774,7 @@ void kernels_check(uint64_t seed) {
 
 extern "C" int rc_kernels_check(uint64_t seed, int32_t* vector, char** err) {
   return recal::guarded(err, [&] {
-    *vector = recal::have_avx2() ? 1 : 0;
+    *vector = recal::have_avx512() ? 2 : recal::have_avx2() ? 1 : 0;
     recal::kernels_check(seed);
   });
 }

@@ -166,10 +166,11 @@ func Threads() (int, error) {
 }
 
 // CheckKernels checks the row-invariant decoding kernels (cgo/recal_rows.cc,
-// the extend path of float32 policies on the CPU): their AVX2 path and their
-// portable path compute the same bits on values drawn from seed, for every
-// tile shape and length tail. vector reports whether this CPU ran the AVX2
-// path (false: only the portable path exists here, nothing to compare).
+// the extend path of float32 policies on the CPU): their AVX-512 path (the
+// matrix products, where the CPU has it), AVX2 path and portable path
+// compute the same bits on values drawn from seed, for every tile shape and
+// length tail. vector reports whether this CPU ran a vector path (false:
+// only the portable path exists here, nothing to compare).
 func CheckKernels(seed uint64) (vector bool, err error) {
 	var v C.int32_t
 	err = do(context.Background(), func() error {
