@@ -7,20 +7,25 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
+
+	"github.com/recal-project/recal/internal/inputfile"
 )
 
 // maxLineBytes bounds one JSON Lines record. FlashRAG's longest rows (with
 // metadata) are a few KiB.
 const maxLineBytes = 16 << 20
 
+// maxBlankRun bounds the blank lines in a row: a file of endless blank
+// lines is refused at the first such run, not read to its end.
+const maxBlankRun = 1000
+
 var errWantStringList = errors.New("want list of strings")
 
 // readJSONL reads path as JSON Lines and passes each record to add. Blank
 // lines are skipped; a UTF-8 byte order mark at the start is allowed.
 func readJSONL(path string, add func(record) error) error {
-	f, err := os.Open(path)
+	f, err := inputfile.Open(path)
 	if err != nil {
 		return fmt.Errorf("data: %w", err)
 	}
@@ -33,10 +38,18 @@ func scanJSONL(path string, r io.Reader, add func(record) error) error {
 	fail := func(line int, field string, err error) error {
 		return &ParseError{File: path, Line: line, Field: field, Err: err}
 	}
+	blank := 0 // blank lines in a row
 	for line := 1; ; line++ {
 		text, err := readLine(br)
 		if err != nil && err != io.EOF {
 			return fail(line, "", err)
+		}
+		if len(bytes.TrimSpace(text)) == 0 && err == nil {
+			if blank++; blank > maxBlankRun {
+				return fail(line, "", fmt.Errorf("more than %d blank lines in a row", maxBlankRun))
+			}
+		} else {
+			blank = 0
 		}
 		if line == 1 {
 			text = bytes.TrimPrefix(text, []byte("\xef\xbb\xbf"))

@@ -180,6 +180,7 @@ func TestLoadJSONLErrors(t *testing.T) {
 		{"names disagree", `{"question": "q", "golden_answers": ["a"], "data_source": "nq", "dataset": "popqa"}`, LoadOptions{}, `:1: field "dataset": "popqa" disagrees with data_source "nq"`, nil},
 		{"no dataset name anywhere", `{"question": "q", "golden_answers": ["a"]}`, LoadOptions{}, `:1: field "data_source": missing`, nil},
 		{"empty file", "\n\n", LoadOptions{}, `: no examples`, nil},
+		{"endless blank lines", ok + strings.Repeat("\n", maxBlankRun+5) + ok, LoadOptions{}, `:1002: more than 1000 blank lines in a row`, nil},
 		{"line over the limit", ok + `{"question": "` + strings.Repeat("x", maxLineBytes) + `"}`, LoadOptions{}, `:2: line longer than 16777216 bytes`, nil},
 		{"no row of the named dataset", ok, LoadOptions{Dataset: "popqa"}, `: no examples of popqa (rows by dataset: nq: 1)`, nil},
 		{"unknown dataset option", ok, LoadOptions{Dataset: "squad"}, `: unknown dataset "squad" (known: `, ErrUnknownDataset},

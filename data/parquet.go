@@ -4,12 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strconv"
 	"strings"
 
 	"github.com/parquet-go/parquet-go"
 	"github.com/parquet-go/parquet-go/format"
+
+	"github.com/recal-project/recal/internal/inputfile"
 )
 
 // Column roles of a Parquet file, one per field we read.
@@ -38,7 +39,7 @@ type parquetPlan struct {
 // error naming the column, because a reader bound to the wrong name silently
 // yields empty strings.
 func readParquet(path string, add func(record) error) (err error) {
-	f, err := os.Open(path)
+	f, err := inputfile.Open(path)
 	if err != nil {
 		return fmt.Errorf("data: %w", err)
 	}

@@ -9,15 +9,21 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"slices"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/recal-project/recal/internal/inputfile"
 )
 
 // MaxLineBytes bounds one line of an outcome log, so a hostile file cannot
 // make the reader hold an unbounded line.
 const MaxLineBytes = 1 << 20
+
+// MaxBlankRun bounds the blank lines in a row of an outcome log: a log of
+// hundreds of megabytes of blank lines (cheap to send gzipped) is refused
+// at its first such run, not read for half a minute and accepted.
+const MaxBlankRun = 1000
 
 // Row is one line of an outcome log: what one model said to one question.
 // The field names are the JSON keys; docs/outcomes.md documents them.
@@ -109,7 +115,7 @@ var ErrFormat = errors.New("outcomes: bad outcome log")
 // ReadFile reads the outcome log at path (see Read); a path ending in
 // ".gz" is gunzipped first.
 func ReadFile(path string) (*Log, error) {
-	f, err := os.Open(path)
+	f, err := inputfile.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("outcomes: %w", err)
 	}
@@ -142,6 +148,7 @@ func Read(r io.Reader, name string) (*Log, error) {
 	firstLine := map[string]int{} // line of each question's first row
 	firstRow := map[string]int{}  // index in l.Rows of each question's first row
 	br := bufio.NewReaderSize(r, 64<<10)
+	blank := 0 // blank lines in a row
 	for n := 1; ; n++ {
 		line, err := readLine(br)
 		if err != nil && !errors.Is(err, io.EOF) {
@@ -149,6 +156,13 @@ func Read(r io.Reader, name string) (*Log, error) {
 				return nil, fmt.Errorf("%w: %s:%d: line longer than %d bytes", ErrFormat, name, n, MaxLineBytes)
 			}
 			return nil, fmt.Errorf("outcomes: %s:%d: %w", name, n, err)
+		}
+		if len(bytes.TrimSpace(line)) == 0 && !errors.Is(err, io.EOF) {
+			if blank++; blank > MaxBlankRun {
+				return nil, fmt.Errorf("%w: %s:%d: more than %d blank lines in a row", ErrFormat, name, n, MaxBlankRun)
+			}
+		} else {
+			blank = 0
 		}
 		if len(bytes.TrimSpace(line)) > 0 {
 			row, perr := parseRow(line)

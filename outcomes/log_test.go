@@ -3,11 +3,14 @@ package outcomes
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 const goodRow = `{"dataset":"nq","question_id":"nq/q1","question":"who wrote hamlet","golden_answers":["Shakespeare"],"model":"m1","reply":"Shakespeare wrote it.","correct":true}`
@@ -58,6 +61,7 @@ func TestReadRejectsInconsistentLogs(t *testing.T) {
 		{"other golden answers", goodRow + "\n" + strings.Replace(other, `["Shakespeare"]`, `["Marlowe"]`, 1), `golden_answers differs from line 1`},
 		{"empty", "\n \n", `log.jsonl: no rows`},
 		{"line too long", goodRow + "\n" + strings.Repeat("x", MaxLineBytes+10), `log.jsonl:2: line longer than`},
+		{"endless blank lines", goodRow + "\n" + strings.Repeat("\n", MaxBlankRun+5) + goodRow, fmt.Sprintf("log.jsonl:%d: more than %d blank lines in a row", MaxBlankRun+2, MaxBlankRun)},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -97,6 +101,27 @@ func TestWriteReadRoundTrip(t *testing.T) {
 	Write(&buf, rows[:1])
 	if !strings.Contains(buf.String(), "<b>Paris</b> & more") {
 		t.Errorf("reply text escaped: %s", buf.String())
+	}
+}
+
+// A log that is not a regular file (a FIFO no one writes, an endless
+// device) is refused at once naming it, never read or waited on.
+func TestReadFileHostileFiles(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "replay.log")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{fifo, "/dev/urandom"} {
+		done := make(chan error, 1)
+		go func() { _, err := ReadFile(path); done <- err }()
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "not a regular file") {
+				t.Errorf("ReadFile(%s): error %v, want one naming it as not a regular file", path, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("ReadFile(%s) still running after 5 s; want an error at once", path)
+		}
 	}
 }
 

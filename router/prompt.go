@@ -2,10 +2,10 @@ package router
 
 import (
 	"fmt"
-	"os"
 	"strings"
 	"text/template"
 
+	"github.com/recal-project/recal/internal/inputfile"
 	"github.com/recal-project/recal/llmpool"
 	"github.com/recal-project/recal/tokenizer"
 )
@@ -29,7 +29,7 @@ type Prompt struct {
 
 // NewPrompt parses the template file at path.
 func NewPrompt(path string, models []llmpool.ModelInfo, maxTurns int) (*Prompt, error) {
-	b, err := os.ReadFile(path)
+	b, err := inputfile.ReadFile(path, inputfile.ConfigLimit)
 	if err != nil {
 		return nil, fmt.Errorf("router: prompt template: %w", err)
 	}

@@ -12,6 +12,8 @@ import (
 	"strings"
 
 	"golang.org/x/text/unicode/norm"
+
+	"github.com/recal-project/recal/internal/inputfile"
 )
 
 // Names of the files Load reads in a tokenizer folder.
@@ -32,7 +34,7 @@ func Load(path string) (*Tokenizer, error) {
 	if fi.IsDir() {
 		file = filepath.Join(path, TokenizerFile)
 	}
-	data, err := os.ReadFile(file)
+	data, err := inputfile.ReadFile(file, inputfile.TextLimit)
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: %w", err)
 	}
@@ -42,7 +44,7 @@ func Load(path string) (*Tokenizer, error) {
 	}
 
 	cfgFile := filepath.Join(filepath.Dir(file), ConfigFile)
-	cfgData, err := os.ReadFile(cfgFile)
+	cfgData, err := inputfile.ReadFile(cfgFile, inputfile.ConfigLimit)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		cfgFile, cfgData = "", nil
