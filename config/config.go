@@ -5,11 +5,13 @@ package config
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"math"
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"sort"
 	"strings"
 
@@ -19,6 +21,7 @@ import (
 	"github.com/recal-project/recal/calibration"
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/embed"
+	"github.com/recal-project/recal/internal/inputfile"
 	"github.com/recal-project/recal/llmpool"
 	"github.com/recal-project/recal/router"
 )
@@ -372,7 +375,7 @@ func Default() Config {
 // model, Load also reads [data] and the log, and fails naming the first
 // question of [data] the log has no row for.
 func Load(path string, sets []string) (Config, error) {
-	b, err := os.ReadFile(path)
+	b, err := inputfile.ReadFile(path, inputfile.ConfigLimit)
 	if err != nil {
 		return Config{}, fmt.Errorf("config: %w", err)
 	}
@@ -421,16 +424,30 @@ func (c *Config) checkReplay() error {
 	return llmpool.CheckReplay(c.Pool, qs)
 }
 
-// Parse decodes TOML text (name is used in errors) with overrides.
+// Parse decodes TOML text (name is used in errors) with overrides. An error
+// about a value names where the value came from: the file and its line, or
+// the --set flag and its value.
 func Parse(name string, text []byte, sets []string) (Config, error) {
 	tree := map[string]any{}
 	if _, err := toml.Decode(string(text), &tree); err != nil {
 		return Config{}, fmt.Errorf("config: %s: %w", name, err)
 	}
+	// The file alone into the typed struct: a value of the wrong type is
+	// reported at its own line (the merged text below has other lines).
+	fileOnly := Default()
+	if _, err := toml.Decode(string(text), &fileOnly); err != nil {
+		return Config{}, fmt.Errorf("config: %s: %w", name, err)
+	}
+	setKeys := map[string]string{} // dotted key → its --set flag
 	for _, s := range sets {
 		if err := applySet(tree, s); err != nil {
 			return Config{}, fmt.Errorf("config: --set %s: %w", s, err)
 		}
+		if err := checkSet(s); err != nil {
+			return Config{}, fmt.Errorf("config: --set %s: %w", s, err)
+		}
+		key, _, _ := strings.Cut(s, "=")
+		setKeys[strings.TrimSpace(key)] = s
 	}
 	var buf bytes.Buffer
 	if err := toml.NewEncoder(&buf).Encode(tree); err != nil {
@@ -448,16 +465,58 @@ func Parse(name string, text []byte, sets []string) (Config, error) {
 			keys[i] = k.String()
 		}
 		sort.Strings(keys)
-		return Config{}, fmt.Errorf("config: %s: unknown key %q", name, keys[0])
+		return Config{}, fmt.Errorf("config: %s: unknown key %q", blame(name, keys[0], setKeys), keys[0])
 	}
 	if err := checkFinite(reflect.ValueOf(cfg), ""); err != nil {
-		return Config{}, fmt.Errorf("config: %s: %w", name, err)
+		return Config{}, fmt.Errorf("config: %s: %w", blame(name, err.Error(), setKeys), err)
 	}
 	if err := cfg.Validate(); err != nil {
-		return Config{}, fmt.Errorf("config: %s: %w", name, err)
+		return Config{}, fmt.Errorf("config: %s: %w", blame(name, err.Error(), setKeys), err)
 	}
 	return cfg, nil
 }
+
+// blame is where the value an error message is about came from: the --set
+// flag of the key the message starts with, else the file name.
+func blame(name, msg string, setKeys map[string]string) string {
+	best := ""
+	for key, set := range setKeys {
+		if (msg == key || strings.HasPrefix(msg, key+" ") || strings.HasPrefix(msg, key+".") || strings.HasPrefix(msg, key+"[")) && len(key) > len(best) {
+			best, name = key, "--set "+set
+		}
+	}
+	return name
+}
+
+// checkSet decodes one --set override alone into the typed struct, so that a
+// value of the wrong type (train.steps=1e30, train.lr=fast) is blamed on the
+// flag, not on a line of the file.
+func checkSet(set string) error {
+	one := map[string]any{}
+	if err := applySet(one, set); err != nil {
+		return err
+	}
+	var buf bytes.Buffer
+	if err := toml.NewEncoder(&buf).Encode(one); err != nil {
+		return err
+	}
+	cfg := Default()
+	if _, err := toml.Decode(buf.String(), &cfg); err != nil {
+		// "toml: line 2 (last key "train.lr"): …": the line is of the
+		// text made from the flag, meaningless to the user.
+		msg := tomlLine.ReplaceAllString(err.Error(), "key $1: ")
+		_, val, _ := strings.Cut(set, "=")
+		var v map[string]any
+		if _, perr := toml.Decode("v = "+val, &v); perr != nil {
+			msg += fmt.Sprintf(" (%s is not a TOML value, so it was read as a string)", strings.TrimSpace(val))
+		}
+		return errors.New(msg)
+	}
+	return nil
+}
+
+// tomlLine matches the position prefix of a TOML decoding error.
+var tomlLine = regexp.MustCompile(`^toml: (?:line \d+ )?\(last key ("[^"]*")\): `)
 
 // applySet sets a dotted key in the decoded tree. The value is parsed as a
 // TOML value; if that fails it is taken as a string.

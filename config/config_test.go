@@ -5,7 +5,9 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/recal-project/recal/data"
 )
@@ -112,6 +114,18 @@ provider = "openai"
 			wantErr: "dist.shard_gradients = true needs dist.shard_optimizer = true"},
 		{name: "ZeRO-2 on a GPU", text: base, sets: []string{"dist.shard_optimizer=true", "dist.shard_gradients=true", "policy.device=cuda"},
 			wantErr: "dist.shard_gradients = true: sharded gradients give their memory back on the CPU only"},
+		// Hostile values: the error names where the value came from, the
+		// file's own line or the --set flag with its value.
+		{name: "type error at its own line", text: base + "\n[train]\nlr = \"fast\"\n\n[eval]\nbatch = 4\n", wantErr: `test.toml: toml: line 14 (last key "train.lr")`},
+		{name: "set a string where a float goes", text: base, sets: []string{"train.lr=NaN"},
+			wantErr: `--set train.lr=NaN: key "train.lr": incompatible types: TOML value has type string; destination has type float (NaN is not a TOML value`},
+		{name: "set a float where an integer goes", text: base, sets: []string{"train.steps=1e30"}, wantErr: `--set train.steps=1e30: key "train.steps"`},
+		{name: "set an integer past int64", text: base, sets: []string{"train.steps=99999999999999999999"},
+			wantErr: `--set train.steps=99999999999999999999: key "train.steps"`},
+		{name: "set nan blamed on the flag", text: base, sets: []string{"train.lr=nan"}, wantErr: `config: --set train.lr=nan: train.lr = NaN: must be a finite number`},
+		{name: "set a bad value blamed on the flag", text: base, sets: []string{"train.batch_size=0"}, wantErr: `config: --set train.batch_size=0: train.batch_size = 0`},
+		{name: "set an unknown key blamed on the flag", text: base, sets: []string{"train.stepz=3"}, wantErr: `config: --set train.stepz=3: unknown key "train.stepz"`},
+		{name: "file's bad value blamed on the file", text: base + "\n[train]\nbatch_size = 0\n", sets: []string{"train.lr=1e-5"}, wantErr: `config: test.toml: train.batch_size = 0`},
 		{name: "ZeRO-2", text: base, sets: []string{"dist.shard_optimizer=true", "dist.shard_gradients=true"},
 			check: func(c Config) bool { return c.Dist.ShardOptimizer && c.Dist.ShardGradients }},
 	}
@@ -131,6 +145,27 @@ provider = "openai"
 				t.Errorf("config %+v does not hold the expected values", cfg)
 			}
 		})
+	}
+}
+
+// A configuration that is not a regular file (a FIFO no one writes, an
+// endless device) is refused at once, naming it.
+func TestLoadHostileFiles(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "recal.toml")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{fifo, "/dev/urandom"} {
+		done := make(chan error, 1)
+		go func() { _, err := Load(path, nil); done <- err }()
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), "config: open "+path) || !strings.Contains(err.Error(), "not a regular file") {
+				t.Errorf("Load(%s): error %v, want one naming it as not a regular file", path, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("Load(%s) still running after 5 s; want an error at once", path)
+		}
 	}
 }
 

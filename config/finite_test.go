@@ -22,8 +22,14 @@ func TestParseRefusesNonFinite(t *testing.T) {
 			if err == nil {
 				t.Fatalf("Parse accepted it (%+v); want an error containing %q: NaN passes range checks such as x < 0", cfg.Train, tc.want)
 			}
-			if !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), "config: x.toml: ") {
-				t.Fatalf("error %q; want it to name the file and contain %q", err, tc.want)
+			// The value's source is named: the --set flag that gave it, or
+			// the file.
+			from := "config: x.toml: "
+			if len(tc.sets) > 0 {
+				from = "config: --set " + tc.sets[0] + ": "
+			}
+			if !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), from) {
+				t.Fatalf("error %q; want it to start %q and contain %q", err, from, tc.want)
 			}
 		})
 	}
