@@ -36,6 +36,12 @@ func init() {
 			if errors.Is(err, baselines.ErrNotFitted) {
 				return nil, fitHint(name, s, filepath.Join(s.RouterDir, name))
 			}
+			if s.CostLambda != nil { // routed at another cost_lambda than fitted
+				return struct {
+					Digest     string
+					CostLambda float64
+				}{d, *s.CostLambda}, err
+			}
 			return d, err
 		}
 	}
@@ -86,6 +92,11 @@ func newFitted(name string, s Setup) (Router, error) {
 	}
 	if r.Name() != name {
 		return nil, fmt.Errorf("eval: router %s: %s holds router %s", name, dir, r.Name())
+	}
+	if s.CostLambda != nil {
+		if err := r.SetCostLambda(*s.CostLambda); err != nil {
+			return nil, fmt.Errorf("eval: router %s: %w", name, err)
+		}
 	}
 	var missing []string
 	for _, m := range r.Models() {

@@ -71,6 +71,23 @@ func References(ctx context.Context, s Setup, qs []data.Example, outDir string, 
 	return rows, err
 }
 
+// SingleRows is one row per pool model (Model set, in pool order), each
+// model answering every question alone, and the reference rows, from the
+// answers References keeps (asked once, reused after).
+func SingleRows(ctx context.Context, s Setup, qs []data.Example, outDir string, log *slog.Logger,
+	progress func(router string, done, total int)) (singles, refs []Row, err error) {
+	refs, per, err := references(ctx, s, qs, outDir, log, progress)
+	if err != nil || refs == nil {
+		return nil, nil, err
+	}
+	for i, m := range s.Env.Pool.Models() {
+		r := rowOf(per[i], datasetsOf(qs))
+		r.Model = m.Name
+		singles = append(singles, r)
+	}
+	return singles, refs, nil
+}
+
 // references is References, with every model's answers (per model, in qs's
 // order; rank 0 only).
 func references(ctx context.Context, s Setup, qs []data.Example, outDir string, log *slog.Logger,

@@ -49,6 +49,10 @@ type Setup struct {
 	// in [0, 1] (cascade.go).
 	Outcomes         string
 	CascadeThreshold float64
+	// CostLambda, when set, makes the fitted routers route at this
+	// cost_lambda instead of the one they were fitted with
+	// (baselines.Router.SetCostLambda; recal frontier's sweep).
+	CostLambda *float64
 	// RouterDir holds one folder per fitted baseline router (recal fit
 	// --router-dir); Embedding and EmbeddingCache are the [embedding] table
 	// and disk-cache folder they embed questions with (fitted.go).

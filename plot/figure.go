@@ -168,7 +168,10 @@ func widenFlat(a *gplot.Axis) {
 
 // draw renders the figure onto c: a white background, the plot, and the
 // legend in a column on the right, level with the top of the plot area.
-func (f *figure) draw(c draw.Canvas, p *gplot.Plot, leg gplot.Legend) {
+func (f *figure) draw(c draw.Canvas, p *gplot.Plot, leg gplot.Legend) { drawFigure(c, p, leg) }
+
+// drawFigure draws p and its legend onto c (figure.draw).
+func drawFigure(c draw.Canvas, p *gplot.Plot, leg gplot.Legend) {
 	c.SetColor(color.White)
 	c.Fill(c.Rectangle.Path())
 	c = draw.Crop(c, margin, -margin, margin, -margin)
@@ -191,6 +194,12 @@ func (f *figure) save(dir string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	return saveFigure(dir, f.name, p, leg)
+}
+
+// saveFigure writes p and its legend as name.png and name.svg into dir
+// (figure.save).
+func saveFigure(dir, name string, p *gplot.Plot, leg gplot.Legend) ([]string, error) {
 	png := vgimg.PngCanvas{Canvas: vgimg.NewWith(vgimg.UseWH(figWidth, figHeight), vgimg.UseDPI(DPI))}
 	svg := vgsvg.New(figWidth, figHeight)
 	var paths []string
@@ -198,8 +207,8 @@ func (f *figure) save(dir string) ([]string, error) {
 		ext    string
 		canvas vg.CanvasWriterTo
 	}{{".png", png}, {".svg", svg}} {
-		f.draw(draw.New(out.canvas), p, leg)
-		path := filepath.Join(dir, f.name+out.ext)
+		drawFigure(draw.New(out.canvas), p, leg)
+		path := filepath.Join(dir, name+out.ext)
 		if err := writeAtomic(path, out.canvas); err != nil {
 			return paths, err
 		}

@@ -100,7 +100,7 @@ func newApp() *cli.Command {
 			slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})))
 			return ctx, nil
 		},
-		Commands: []*cli.Command{trainCommand(), evalCommand(), ablateCommand(), plotCommand(), generateCommand(), policyCommand(), serveCommand(), sftDirectCommand(), collectCommand(), fitCommand(), table1Command(), outcomesCommand()},
+		Commands: []*cli.Command{trainCommand(), evalCommand(), ablateCommand(), plotCommand(), generateCommand(), policyCommand(), serveCommand(), sftDirectCommand(), collectCommand(), fitCommand(), table1Command(), frontierCommand(), outcomesCommand()},
 		OnUsageError: func(ctx context.Context, cmd *cli.Command, err error, isSubcommand bool) error {
 			return usageError{err}
 		},

@@ -1,0 +1,140 @@
+package frontier
+
+import (
+	"errors"
+	"math"
+	"strings"
+	"testing"
+)
+
+func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+
+func TestUpperHull(t *testing.T) {
+	cases := []struct {
+		name string
+		in   []Vertex
+		want Hull
+	}{
+		{"concave, a point under the chord, a dominated dearer one",
+			[]Vertex{{3, 0.9}, {0, 0.5}, {2, 0.72}, {1, 0.7}, {4, 0.85}}, Hull{{0, 0.5}, {1, 0.7}, {3, 0.9}}},
+		{"one point", []Vertex{{2, 0.4}}, Hull{{2, 0.4}}},
+		{"equal cost: the better", []Vertex{{1, 0.3}, {1, 0.6}}, Hull{{1, 0.6}}},
+		{"a cheaper better point dominates", []Vertex{{1, 0.8}, {2, 0.7}}, Hull{{1, 0.8}}},
+		{"collinear middle dropped", []Vertex{{0, 0}, {1, 0.5}, {2, 1}}, Hull{{0, 0}, {2, 1}}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := UpperHull(c.in)
+			if len(got) != len(c.want) {
+				t.Fatalf("hull %v, want %v", got, c.want)
+			}
+			for i := range got {
+				if got[i] != c.want[i] {
+					t.Fatalf("hull %v, want %v", got, c.want)
+				}
+			}
+		})
+	}
+}
+
+func TestHullMeasures(t *testing.T) {
+	h := Hull{{0, 0.5}, {1, 0.7}, {3, 0.9}}
+	for _, c := range []struct{ at, want float64 }{{0, 0.5}, {0.5, 0.6}, {2, 0.8}, {3, 0.9}, {10, 0.9}} {
+		if got := h.At(c.at); !near(got, c.want) {
+			t.Errorf("At(%v) = %v, want %v", c.at, got, c.want)
+		}
+	}
+	if got := (Hull{{1, 0.5}}).At(0.5); !math.IsNaN(got) {
+		t.Errorf("At below the first vertex = %v, want NaN (the family cannot operate there)", got)
+	}
+	if got := h.FirstReach(0.8); !near(got, 2) {
+		t.Errorf("FirstReach(0.8) = %v, want 2", got)
+	}
+	if got := h.FirstReach(0.4); !near(got, 0) {
+		t.Errorf("FirstReach(0.4) = %v, want 0: the first vertex already reaches it", got)
+	}
+	if got := h.FirstReach(0.95); !math.IsNaN(got) {
+		t.Errorf("FirstReach(0.95) = %v, want NaN", got)
+	}
+	// (0.6 + 0.8·2 + 0.9) / 4
+	if got := h.Area(0, 4); !near(got, 3.1/4) {
+		t.Errorf("Area(0, 4) = %v, want %v", got, 3.1/4)
+	}
+	// a hull starting at cost 2 counts 0 over [0, 2): (0.8+0.9)/2·1 + 0.9·1 over 4
+	if got := (Hull{{2, 0.8}, {3, 0.9}}).Area(0, 4); !near(got, (0.85+0.9)/4) {
+		t.Errorf("Area of a hull starting at 2 = %v, want %v", got, (0.85+0.9)/4)
+	}
+	if got := h.Area(1, 1); !math.IsNaN(got) {
+		t.Errorf("Area over an empty range = %v, want NaN", got)
+	}
+}
+
+func pt(family, label string, cost, em float64) Point {
+	return Point{Family: family, Label: label, Cost: cost, EM: em}
+}
+
+// A free model is a point; a one-point router is a family; a family below
+// the hull everywhere is reported with no point above.
+func TestAnalyze(t *testing.T) {
+	ps := []Point{
+		pt(FamilySingle, "free", 0, 0.5),
+		pt(FamilySingle, "mid", 1, 0.7),
+		pt(FamilySingle, "dear", 3, 0.9),
+		pt("mlp", "mlp λ=0", 2, 0.75), // below the hull's 0.8 at 2
+		pt("mlp", "mlp λ=1", 0.5, 0.55),
+		pt(FamilyCascade, "cascade t=0.7", 1.5, 0.88), // above 0.75
+		pt(FamilyOracle, "oracle", 0.2, 0.97),
+	}
+	rep, err := Analyze(ps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Best != "dear" || rep.BestEM != 0.9 || rep.BestCost != 3 || rep.CostRange != [2]float64{0, 3} {
+		t.Errorf("best %s %v at %v, range %v; want dear 0.9 at 3 over [0, 3]", rep.Best, rep.BestEM, rep.BestCost, rep.CostRange)
+	}
+	marks := map[string]string{}
+	for _, p := range rep.Points {
+		marks[p.Label] = p.Mark
+	}
+	want := map[string]string{"free": "on", "mid": "on", "dear": "on", "mlp λ=0": "below", "mlp λ=1": "below", "cascade t=0.7": "above", "oracle": "above"}
+	for l, m := range want {
+		if marks[l] != m {
+			t.Errorf("%s marked %q, want %q", l, marks[l], m)
+		}
+	}
+	fam := map[string]Family{}
+	for _, f := range rep.Families {
+		fam[f.Name] = f
+	}
+	if f := fam["mlp"]; f.Above != 0 || f.Points != 2 || f.ReachCost != nil || f.EMAtHalf == nil || !near(*f.EMAtHalf, 0.55+0.2*(1.0/1.5)) {
+		t.Errorf("mlp: %+v; want 2 points, none above, never reaching 0.9, EM at cost 1.5 on its hull (0.5,0.55)-(2,0.75)", f)
+	}
+	if f := fam[FamilyCascade]; f.Points != 1 || f.Above != 1 || f.AIQ == nil || !near(*f.AIQ, 0.88*1.5/3) || f.EMAtHalf == nil || *f.EMAtHalf != 0.88 {
+		t.Errorf("cascade: %+v; want one point above, AIQ 0.88 over [1.5, 3] of [0, 3], EM 0.88 at 1.5", f)
+	}
+	if f := fam[FamilySingle]; f.ReachCost == nil || *f.ReachCost != 3 || f.AIQ == nil || !near(*f.AIQ, (0.6+0.8*2)/3) {
+		t.Errorf("single: %+v; want reaching its best at 3 and AIQ %v", f, (0.6+0.8*2)/3)
+	}
+}
+
+func TestAnalyzeErrors(t *testing.T) {
+	cases := []struct {
+		name string
+		ps   []Point
+		want string
+	}{
+		{"no single model", []Point{pt("mlp", "m", 1, 0.5)}, "no single-model point"},
+		{"costs all missing", []Point{pt(FamilySingle, "a", 0, 0.5), pt(FamilySingle, "b", 0, 0.6)}, "every single model costs 0"},
+		{"NaN cost", []Point{pt(FamilySingle, "a", 1, 0.5), pt("mlp", "m", math.NaN(), 0.5)}, "m (mlp): cost per question NaN"},
+		{"negative cost", []Point{pt(FamilySingle, "a", -1, 0.5)}, "a (single): cost per question -1"},
+		{"EM above 1", []Point{pt(FamilySingle, "a", 1, 1.5)}, "EM 1.5"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Analyze(c.ps)
+			if !errors.Is(err, ErrPoints) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %v, want ErrPoints naming %q", err, c.want)
+			}
+		})
+	}
+}
