@@ -135,23 +135,40 @@ func (c *Check) Policy(key, dir string) (Policy, bool) {
 	} else {
 		defer w.Close()
 	}
-	for _, t := range cfg.Params() {
-		size.Params += t.Numel()
-		if w == nil {
-			continue
+	size.Params = cfg.NumParams()
+	if w != nil {
+		// The loader's own check (torchbridge.LoadPolicy runs it before
+		// allocating), its first maxTensorProblems lines: a hostile
+		// config.json can fail every tensor of a thousand layers.
+		bad := w.Mismatches(cfg)
+		for i, p := range bad {
+			if i == maxTensorProblems {
+				c.Problem("%s: … and %d more tensors that config.json wants differ from the weights", key, len(bad)-i)
+				break
+			}
+			c.Problem("%s: %s", key, p)
 		}
-		got, found := w.Lookup(t.Name)
-		switch {
-		case !found:
-			c.Problem("%s: tensor %q is missing from the weights", key, t.Name)
-			ok = false
-		case !slices.Equal(got.Shape, t.Shape):
-			c.Problem("%s: %s: tensor %q has shape %v; config.json wants %v", key, got.Path(), t.Name, got.Shape, t.Shape)
-			ok = false
-		case hfmodel.DTypeSize[got.DType] == 0:
-			c.Problem("%s: %s: tensor %q has dtype %s (want F32, BF16 or F16)", key, got.Path(), t.Name, got.DType)
-			ok = false
+		ok = ok && len(bad) == 0
+		if len(bad) == 0 {
+			// What the loader checks too: every weight finite.
+			for _, t := range cfg.Params() {
+				got, _ := w.Lookup(t.Name)
+				if err := w.CheckFinite(got); err != nil {
+					c.Problem("%s: %v", key, err)
+					ok = false
+					break
+				}
+			}
 		}
+	}
+	switch names, err := hfmodel.VerifyChecksums(dir, nil); {
+	case errors.Is(err, hfmodel.ErrNoChecksums):
+		c.Line("checksums    none: a checkpoint from elsewhere, its files cannot be checked for corruption")
+	case err != nil:
+		c.Problem("%s: %v", key, err)
+		ok = false
+	default:
+		c.Line("checksums    %d files match %s", len(names), hfmodel.ChecksumFile)
 	}
 	arch := fmt.Sprintf("Qwen2, %d parameters = %s (%d layers, hidden %d, %d/%d attention/KV heads, vocabulary %d), context %d",
 		size.Params, HumanCount(size.Params), cfg.NumHiddenLayers, cfg.HiddenSize, cfg.NumAttentionHeads, cfg.NumKeyValueHeads, cfg.VocabSize, cfg.MaxPositionEmbeddings)
@@ -162,6 +179,10 @@ func (c *Check) Policy(key, dir string) (Policy, bool) {
 	}
 	return size, ok
 }
+
+// maxTensorProblems is the most tensor problems of one checkpoint a dry run
+// lists, one line each.
+const maxTensorProblems = 10
 
 // HumanCount writes a parameter count in millions or billions.
 func HumanCount(n int64) string {

@@ -63,6 +63,16 @@ func rewriteWeights(t *testing.T, dir string, edit func(specs []hfmodel.TensorSp
 	if err != nil {
 		t.Fatal(err)
 	}
+	unchecked(t, dir)
+}
+
+// unchecked removes the checksums of a folder edited by hand: it then
+// loads as a Hugging Face folder from elsewhere.
+func unchecked(t *testing.T, dir string) {
+	t.Helper()
+	if err := os.Remove(filepath.Join(dir, hfmodel.ChecksumFile)); err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
 }
 
 func TestSaveLoadRoundTrip(t *testing.T) {
@@ -237,6 +247,7 @@ func TestShardedCheckpoint(t *testing.T) {
 	os.Remove(filepath.Join(dir, "model.safetensors"))
 	ib, _ := json.Marshal(map[string]any{"metadata": map[string]any{}, "weight_map": index})
 	os.WriteFile(filepath.Join(dir, "model.safetensors.index.json"), ib, 0o644)
+	unchecked(t, dir)
 	q, err := torchbridge.LoadPolicy(dir, onDevice(torchbridge.Options{}))
 	if err != nil {
 		t.Fatalf("sharded load: %v", err)
@@ -321,6 +332,50 @@ func TestBadCheckpoints(t *testing.T) {
 		}, []string{"config.json", "unsupported architecture", "llama"}},
 		{"config not json", func(t *testing.T, dir string) { os.WriteFile(filepath.Join(dir, "config.json"), []byte("{"), 0o644) },
 			[]string{"config.json"}},
+		// Hostile inputs: refused before anything is allocated for them
+		// (the shapes config.json claims must be in the weights), and
+		// corrupt weights are named.
+		{"a million layers", func(t *testing.T, dir string) {
+			editConfig(t, dir, func(m map[string]any) { m["num_hidden_layers"] = 1000000 })
+		}, []string{"config.json", `field "num_hidden_layers" = 1000000: more than 1024`}},
+		{"a thousand layers the weights lack", func(t *testing.T, dir string) {
+			editConfig(t, dir, func(m map[string]any) { m["num_hidden_layers"] = 1000 })
+		}, []string{`tensor "model.layers.2.input_layernorm.weight" is missing`, "(and 11975 more tensors)"}},
+		{"hidden size the weights lack", func(t *testing.T, dir string) {
+			editConfig(t, dir, func(m map[string]any) { m["hidden_size"] = 65536 })
+		}, []string{`tensor "model.embed_tokens.weight": shape [61 32], want [61 65536]`}},
+		{"a NaN weight", func(t *testing.T, dir string) {
+			rewriteWeights(t, dir, func(s []hfmodel.TensorSpec, d [][]byte) ([]hfmodel.TensorSpec, [][]byte) {
+				for i := range s {
+					if s[i].Name == "model.layers.1.mlp.up_proj.weight" {
+						binary.LittleEndian.PutUint32(d[i][12:], math.Float32bits(float32(math.NaN())))
+					}
+				}
+				return s, d
+			})
+		}, []string{"model.safetensors", `tensor "model.layers.1.mlp.up_proj.weight": element 3 is NaN or infinite`}},
+		{"flipped weight bytes", func(t *testing.T, dir string) {
+			path := filepath.Join(dir, "model.safetensors")
+			b, _ := os.ReadFile(path)
+			for i := len(b) - 2000; i < len(b); i++ {
+				b[i] ^= 0x10
+			}
+			os.WriteFile(path, b, 0o644)
+		}, []string{"model.safetensors: SHA-256", "the file is corrupt"}},
+		{"overlapping tensors", func(t *testing.T, dir string) {
+			path := filepath.Join(dir, "model.safetensors")
+			b, _ := os.ReadFile(path)
+			n := binary.LittleEndian.Uint64(b)
+			var hdr map[string]map[string]any
+			json.Unmarshal(b[8:8+n], &hdr)
+			// model.norm.weight read from the bytes of the embedding.
+			hdr["model.norm.weight"]["data_offsets"] = []int{0, 32 * 4}
+			hb, _ := json.Marshal(hdr)
+			out := binary.LittleEndian.AppendUint64(nil, uint64(len(hb)))
+			out = append(append(out, hb...), b[8+n:]...)
+			os.WriteFile(path, out, 0o644)
+			unchecked(t, dir)
+		}, []string{"model.safetensors", "overlaps tensor"}},
 		{"bad shard index", func(t *testing.T, dir string) {
 			os.WriteFile(filepath.Join(dir, "model.safetensors.index.json"), []byte(`{"weight_map":{"a":"../../etc/passwd"}}`), 0o644)
 		}, []string{"index.json", "plain file name"}},
@@ -357,6 +412,7 @@ func editConfig(t *testing.T, dir string, edit func(map[string]any)) {
 	edit(m)
 	b, _ = json.Marshal(m)
 	os.WriteFile(path, b, 0o644)
+	unchecked(t, dir)
 }
 
 func TestBadCalls(t *testing.T) {

@@ -150,6 +150,21 @@ func LoadPolicy(dir string, opt Options) (*Policy, error) {
 		return nil, err
 	}
 	defer w.Close()
+	// Before anything is allocated: every tensor config.json implies is in
+	// the files with its shape (so the policy is no larger than its
+	// weights, whatever config.json claims), and the files are those recal
+	// wrote, when it wrote the folder (a folder from elsewhere has no
+	// checksums).
+	if bad := w.Mismatches(cfg); len(bad) > 0 {
+		more := ""
+		if len(bad) > 1 {
+			more = fmt.Sprintf(" (and %d more tensors)", len(bad)-1)
+		}
+		return nil, fmt.Errorf("torchbridge: %s: %s%s", dir, bad[0], more)
+	}
+	if _, err := hfmodel.VerifyChecksums(dir, policyFile); err != nil && !errors.Is(err, hfmodel.ErrNoChecksums) {
+		return nil, err
+	}
 	p, err := NewPolicy(cfg, opt)
 	if err != nil {
 		return nil, err
@@ -164,6 +179,13 @@ func LoadPolicy(dir string, opt Options) (*Policy, error) {
 		}
 	}
 	return p, nil
+}
+
+// policyFile reports whether LoadPolicy reads a checkpoint's file name: all
+// but the optimizer's and the trainer's state, which LoadOptimizer and the
+// trainer check (a KL reference reloaded each step hashes no optimizer).
+func policyFile(name string) bool {
+	return name != "optimizer.safetensors" && name != "trainer_state.json"
 }
 
 func (p *Policy) loadWeights(w *hfmodel.Weights, dir string) error {
@@ -193,6 +215,9 @@ func (p *Policy) loadWeights(w *hfmodel.Weights, dir string) error {
 			b := buf[:min(step, size-off)]
 			if err := w.ReadAt(t, b, off); err != nil {
 				return err
+			}
+			if i := hfmodel.NonFinite(t.DType, b); i >= 0 {
+				return hfmodel.NonFiniteError(t, off/es+i)
 			}
 			if err := p.setParamRange(pr.Name, t.DType, off/es, b); err != nil {
 				return err
@@ -465,6 +490,9 @@ func (p *Policy) Save(dir string) error {
 			return err
 		}
 	}
+	if err := hfmodel.WriteChecksums(tmp); err != nil {
+		return err
+	}
 	return replaceDir(tmp, dir)
 }
 
@@ -568,6 +596,10 @@ func (p *Policy) LoadOptimizer(path string) error {
 		return err
 	}
 	defer w.Close()
+	base := filepath.Base(path)
+	if _, err := hfmodel.VerifyChecksums(filepath.Dir(path), func(n string) bool { return n == base }); err != nil && !errors.Is(err, hfmodel.ErrNoChecksums) {
+		return err
+	}
 	for _, n := range names {
 		t, ok := w.Lookup(n)
 		if !ok {
@@ -576,6 +608,9 @@ func (p *Policy) LoadOptimizer(path string) error {
 		b, err := w.Read(t)
 		if err != nil {
 			return err
+		}
+		if i := hfmodel.NonFinite(t.DType, b); i >= 0 {
+			return hfmodel.NonFiniteError(t, i)
 		}
 		if err := p.SetParam(n, t.DType, b); err != nil {
 			return fmt.Errorf("torchbridge: %s: %w", path, err)

@@ -119,6 +119,10 @@ func (r *runDir) checkpoint(eng *rollout.Engine, st *State, sampler *data.Sample
 				return err
 			})
 		}},
+		// Every file's SHA-256, checked by the next load (the policy's
+		// Save listed its own files; the optimizer and trainer state came
+		// after).
+		{"write the checksums", func() error { return hfmodel.WriteChecksums(staging) }},
 		{"sync the new folder", func() error { return syncDir(staging) }},
 	}
 	if _, err := os.Lstat(final); err == nil {
@@ -139,6 +143,9 @@ func (r *runDir) checkpoint(eng *rollout.Engine, st *State, sampler *data.Sample
 	)
 	for _, o := range plan {
 		if err := ops.do(o.what, o.fn); err != nil {
+			// A half-written staging folder (a full disk) goes at once,
+			// not at the next resume; once renamed, the path is free.
+			ops.do("remove the new folder", func() error { return os.RemoveAll(staging) })
 			return fmt.Errorf("trainer: checkpoint %s: %s: %w", name, o.what, err)
 		}
 	}

@@ -9,10 +9,12 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
+	"github.com/recal-project/recal/internal/hfmodel"
 	"github.com/recal-project/recal/internal/testpolicy"
 	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/router"
@@ -25,17 +27,84 @@ var errCrash = errors.New("simulated crash")
 // named at, which it does not run: the writer returns there and cleans up
 // nothing, as if the process had been killed. k = 0 and at = "" run all.
 type crashOps struct {
-	k    int
-	at   string
-	done []string
+	k       int
+	at      string
+	done    []string
+	crashed bool // a killed process runs nothing more
 }
 
 func (c *crashOps) do(what string, op func() error) error {
+	if c.crashed {
+		return errCrash
+	}
 	c.done = append(c.done, what)
 	if len(c.done) == c.k || what == c.at {
+		c.crashed = true
 		return errCrash
 	}
 	return op()
+}
+
+// failOps fails the operation named at with err, as a full disk would, and
+// runs every other: the writer's clean-up runs.
+type failOps struct {
+	at  string
+	err error
+}
+
+func (f failOps) do(what string, op func() error) error {
+	if what == f.at {
+		return f.err
+	}
+	return op()
+}
+
+// A checkpoint that fails to write (a full disk) leaves no staging folder
+// behind; one that is written lists every file's SHA-256, and they match.
+func TestCheckpointFailureLeavesNothing(t *testing.T) {
+	if err := rollout.SetThreads(2); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load("../recal.toml", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng, err := rollout.OpenEngine(testpolicy.Micro(t, "..", 1), torchbridge.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	sampler, err := data.NewSampler([]data.Example{{ID: "q1", Dataset: "nq"}}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := openRun(runPlan{dir: filepath.Join(t.TempDir(), "run")}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	state := &State{Step: 1, SFTDone: true, Balance: router.NewBalance(0.9, []string{"a", "b"})}
+	ck := filepath.Join(r.dir, "checkpoints")
+	for _, at := range []string{"write the optimizer state", "write trainer_state.json", "write the checksums", "sync the new folder"} {
+		r.ops = failOps{at: at, err: syscall.ENOSPC}
+		if err := r.checkpoint(eng, state, sampler, ""); !errors.Is(err, syscall.ENOSPC) {
+			t.Fatalf("checkpoint failing at %q: error %v, want ENOSPC", at, err)
+		}
+		entries, _ := os.ReadDir(ck)
+		for _, e := range entries {
+			if strings.HasPrefix(e.Name(), ".new-") {
+				t.Errorf("checkpoint failing at %q left %s behind; a failed write must remove its staging folder", at, e.Name())
+			}
+		}
+	}
+	r.ops = nil
+	if err := r.checkpoint(eng, state, sampler, ""); err != nil {
+		t.Fatal(err)
+	}
+	names, err := hfmodel.VerifyChecksums(filepath.Join(ck, "step-1"), nil)
+	if err != nil || !slices.Contains(names, "model.safetensors") || !slices.Contains(names, "optimizer.safetensors") || !slices.Contains(names, "trainer_state.json") {
+		t.Fatalf("checksums of a written checkpoint: %v, %v; want every file listed and matching", names, err)
+	}
 }
 
 // snapshot is a policy with optimizer state and the files a checkpoint of it

@@ -62,6 +62,9 @@ func smallCheckpoint(t *testing.T) string {
 	cfg.MaxPositionEmbeddings = 64
 	b, _ := cfg.MarshalJSON()
 	os.WriteFile(filepath.Join(dir, "config.json"), b, 0o644)
+	if err := hfmodel.WriteChecksums(dir); err != nil { // as recal would have written it
+		t.Fatal(err)
+	}
 	return dir
 }
 

@@ -12,6 +12,8 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+
+	"github.com/recal-project/recal/internal/inputfile"
 )
 
 // Config holds the Qwen2Config fields recal uses. Unknown fields of a loaded
@@ -108,7 +110,17 @@ func ParseConfig(name string, b []byte) (*Config, error) {
 	return c, nil
 }
 
-// Validate checks the sizes for consistency.
+// limits bound each size of a config.json well past the largest models
+// (Qwen2.5-72B: 80 layers, hidden 8192, 152,064 ids), so that a hostile
+// file is refused before anything is sized by it: 10^6 layers would make
+// the list of parameter names alone take gigabytes.
+var limits = map[string]int64{
+	"vocab_size": 1 << 22, "hidden_size": 1 << 16, "intermediate_size": 1 << 18,
+	"num_hidden_layers": 1 << 10, "num_attention_heads": 1 << 10, "num_key_value_heads": 1 << 10,
+	"max_position_embeddings": 1 << 24, "head_dim": 1 << 12,
+}
+
+// Validate checks the sizes for consistency and against sane limits.
 func (c *Config) Validate() error {
 	pos := []struct {
 		name string
@@ -122,6 +134,12 @@ func (c *Config) Validate() error {
 		if f.v <= 0 {
 			return fmt.Errorf("field %q must be positive, got %d", f.name, f.v)
 		}
+		if f.v > limits[f.name] {
+			return fmt.Errorf("field %q = %d: more than %d, past any Qwen2 model; the file is corrupt or hostile", f.name, f.v, limits[f.name])
+		}
+	}
+	if c.HeadDim > limits["head_dim"] {
+		return fmt.Errorf("field \"head_dim\" = %d: more than %d, past any Qwen2 model; the file is corrupt or hostile", c.HeadDim, limits["head_dim"])
 	}
 	if c.HeadDim < 0 {
 		return fmt.Errorf("field \"head_dim\" must be positive (or absent), got %d", c.HeadDim)
@@ -214,7 +232,7 @@ func (c *Config) MarshalJSON() ([]byte, error) {
 // LoadConfig reads dir/config.json.
 func LoadConfig(dir string) (*Config, error) {
 	path := filepath.Join(dir, "config.json")
-	b, err := os.ReadFile(path)
+	b, err := inputfile.ReadFile(path, inputfile.ConfigLimit)
 	if err != nil {
 		return nil, fmt.Errorf("hfmodel: %w", err)
 	}
@@ -225,7 +243,7 @@ func LoadConfig(dir string) (*Config, error) {
 // eos_token_id when present, else config.json's.
 func EOS(dir string, c *Config) ([]int64, error) {
 	path := filepath.Join(dir, "generation_config.json")
-	b, err := os.ReadFile(path)
+	b, err := inputfile.ReadFile(path, inputfile.ConfigLimit)
 	if errors.Is(err, os.ErrNotExist) {
 		return c.EOSTokenIDs, nil
 	}

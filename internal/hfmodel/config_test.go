@@ -11,8 +11,14 @@ func TestParseConfigRefusesBadSizes(t *testing.T) {
 		name, json, want string
 	}{
 		{"negative head_dim", `{` + base + `,"vocab_size":8,"hidden_size":8,"head_dim":-2}`, `field "head_dim" must be positive (or absent), got -2`},
-		{"matrix past int64", `{` + base + `,"vocab_size":4611686018427387904,"hidden_size":8}`, `fields "vocab_size" (4611686018427387904) × "hidden_size" (8): too large`},
-		{"head past int64", `{` + base + `,"vocab_size":8,"hidden_size":8,"head_dim":4611686018427387904}`, `fields "num_attention_heads" (2) × "head dimension" (4611686018427387904): too large`},
+		{"matrix past int64", `{` + base + `,"vocab_size":4611686018427387904,"hidden_size":8}`, `field "vocab_size" = 4611686018427387904: more than 4194304`},
+		{"head past int64", `{` + base + `,"vocab_size":8,"hidden_size":8,"head_dim":4611686018427387904}`, `field "head_dim" = 4611686018427387904: more than 4096`},
+		// Sizes that fit int64 but no machine: refused before the list of
+		// parameters (12 names a layer) or any tensor is sized by them.
+		{"a million layers", `{"model_type":"qwen2","intermediate_size":8,"num_hidden_layers":1000000,"num_attention_heads":2,"vocab_size":8,"hidden_size":8}`,
+			`field "num_hidden_layers" = 1000000: more than 1024`},
+		{"hidden size 2^20", `{` + base + `,"vocab_size":8,"hidden_size":1048576}`, `field "hidden_size" = 1048576: more than 65536`},
+		{"context 2^40", `{` + base + `,"vocab_size":8,"hidden_size":8,"max_position_embeddings":1099511627776}`, `field "max_position_embeddings" = 1099511627776: more than`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := ParseConfig("config.json", []byte(tc.json))

@@ -10,7 +10,10 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
+
+	"github.com/recal-project/recal/internal/inputfile"
 )
 
 // DTypeSize is the element size in bytes of each safetensors dtype recal reads.
@@ -55,7 +58,7 @@ func OpenWeights(dir string) (*Weights, error) {
 	w := &Weights{tensors: map[string]*Tensor{}}
 	index := filepath.Join(dir, "model.safetensors.index.json")
 	var files []string
-	if b, err := os.ReadFile(index); err == nil {
+	if b, err := inputfile.ReadFile(index, inputfile.ConfigLimit); err == nil {
 		var idx struct {
 			WeightMap map[string]string `json:"weight_map"`
 		}
@@ -92,7 +95,7 @@ func OpenWeights(dir string) (*Weights, error) {
 }
 
 func (w *Weights) open(path string) error {
-	f, err := os.Open(path)
+	f, err := inputfile.Open(path)
 	if err != nil {
 		return fmt.Errorf("hfmodel: %w", err)
 	}
@@ -118,6 +121,7 @@ func (w *Weights) open(path string) error {
 		return fmt.Errorf("hfmodel: %s: corrupt header: %w", path, err)
 	}
 	dataSize := st.Size() - 8 - n
+	var mine []*Tensor // this file's tensors
 	for name, msg := range raw {
 		if name == "__metadata__" {
 			if err := json.Unmarshal(msg, &w.meta); err != nil {
@@ -163,6 +167,34 @@ func (w *Weights) open(path string) error {
 			return fmt.Errorf("hfmodel: %s: tensor %q appears in two shards", path, name)
 		}
 		w.tensors[name] = t
+		mine = append(mine, t)
+	}
+	return tile(path, mine, 8+n, dataSize)
+}
+
+// tile checks that a file's tensors cover its data section exactly, end to
+// end, as the format requires: two tensors sharing bytes (a write to one
+// would change the other) or bytes that belong to no tensor (a gap) mean a
+// corrupt or forged header.
+func tile(path string, ts []*Tensor, start, dataSize int64) error {
+	sort.Slice(ts, func(i, j int) bool {
+		if ts[i].begin != ts[j].begin {
+			return ts[i].begin < ts[j].begin
+		}
+		return ts[i].size < ts[j].size
+	})
+	at := start // where the next tensor must begin
+	for i, t := range ts {
+		switch {
+		case t.begin < at:
+			return fmt.Errorf("hfmodel: %s: tensor %q (data bytes %d to %d) overlaps tensor %q", path, t.Name, t.begin-start, t.begin-start+t.size, ts[i-1].Name)
+		case t.begin > at:
+			return fmt.Errorf("hfmodel: %s: data bytes %d to %d, before tensor %q, belong to no tensor", path, at-start, t.begin-start, t.Name)
+		}
+		at = t.begin + t.size
+	}
+	if at-start != dataSize {
+		return fmt.Errorf("hfmodel: %s: data bytes %d to %d, at the end, belong to no tensor", path, at-start, dataSize)
 	}
 	return nil
 }
@@ -184,6 +216,28 @@ func (w *Weights) Metadata() map[string]string { return w.meta }
 func (w *Weights) Lookup(name string) (*Tensor, bool) {
 	t, ok := w.tensors[name]
 	return t, ok
+}
+
+// Mismatches lists, in the order of c.Params, every tensor a policy of c
+// needs that the weights lack or hold with another shape or an unsupported
+// dtype, each problem a line naming the tensor and its file. Loaders call it
+// before allocating anything: the shapes a config.json claims are then
+// backed by bytes in the files, so a hostile config.json cannot make a
+// policy larger than its weights.
+func (w *Weights) Mismatches(c *Config) []string {
+	var out []string
+	for _, want := range c.Params() {
+		t, ok := w.tensors[want.Name]
+		switch {
+		case !ok:
+			out = append(out, fmt.Sprintf("tensor %q is missing from the weights", want.Name))
+		case DTypeSize[t.DType] == 0:
+			out = append(out, fmt.Sprintf("%s: tensor %q: unsupported dtype %q (want F32, BF16 or F16)", t.path, want.Name, t.DType))
+		case !slices.Equal(t.Shape, want.Shape):
+			out = append(out, fmt.Sprintf("%s: tensor %q: shape %v, want %v (config.json's)", t.path, want.Name, t.Shape, want.Shape))
+		}
+	}
+	return out
 }
 
 // Names lists the tensors, sorted.

@@ -23,6 +23,16 @@ func TestOpenWeightsFileRefusesBadHeaders(t *testing.T) {
 			`tensor "x": negative dimension in shape [-1 -4]`},
 		{"past the data", `{"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}`, 3,
 			`tensor "x" ends at byte 4 of the data, which has 3 bytes`},
+		// The tensors must tile the data section: shared bytes or bytes of
+		// no tensor mean a forged or corrupt header.
+		{"overlapping tensors", `{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}`, 12,
+			`tensor "b" (data bytes 4 to 12) overlaps tensor "a"`},
+		{"the same bytes twice", `{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}`, 8,
+			`overlaps tensor`},
+		{"a gap", `{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}}`, 12,
+			`data bytes 4 to 8, before tensor "b", belong to no tensor`},
+		{"a gap at the start", `{"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}`, 8, `data bytes 0 to 4, before tensor "a", belong to no tensor`},
+		{"bytes past the last tensor", `{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}`, 9, `data bytes 4 to 9, at the end, belong to no tensor`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "model.safetensors")

@@ -1,0 +1,138 @@
+package hfmodel
+
+import (
+	"encoding/binary"
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+func TestNonFinite(t *testing.T) {
+	f32 := func(v ...float32) []byte {
+		var b []byte
+		for _, x := range v {
+			b = binary.LittleEndian.AppendUint32(b, math.Float32bits(x))
+		}
+		return b
+	}
+	half := func(v ...uint16) []byte {
+		var b []byte
+		for _, x := range v {
+			b = binary.LittleEndian.AppendUint16(b, x)
+		}
+		return b
+	}
+	nan := float32(math.NaN())
+	for _, tc := range []struct {
+		name, dtype string
+		b           []byte
+		want        int64
+	}{
+		{"finite F32", "F32", f32(0, -1, math.MaxFloat32, math.SmallestNonzeroFloat32), -1},
+		{"NaN F32", "F32", f32(1, 2, nan), 2},
+		{"-Inf F32", "F32", f32(float32(math.Inf(-1))), 0},
+		{"finite BF16", "BF16", half(0x3f80, 0xff7f), -1}, // 1, -max
+		{"Inf BF16", "BF16", half(0x3f80, 0x7f80), 1},
+		{"NaN BF16", "BF16", half(0xffc1), 0},
+		{"finite F16", "F16", half(0x3c00, 0xfbff), -1}, // 1, -65504
+		{"NaN F16", "F16", half(0x3c00, 0x3c00, 0x7e00), 2},
+	} {
+		if got := NonFinite(tc.dtype, tc.b); got != tc.want {
+			t.Errorf("%s: NonFinite = %d, want %d (a NaN in the weights must be found, a finite value never)", tc.name, got, tc.want)
+		}
+	}
+}
+
+// A checkpoint recal writes is checked file by file on load: a flipped
+// byte, a missing file or a forged list is an error naming the file.
+func TestVerifyChecksumsHostile(t *testing.T) {
+	write := func(t *testing.T) string {
+		t.Helper()
+		dir := t.TempDir()
+		for name, text := range map[string]string{"config.json": "{}", "model.safetensors": "weights"} {
+			if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := WriteChecksums(dir); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	dir := write(t)
+	names, err := VerifyChecksums(dir, nil)
+	if err != nil || strings.Join(names, ",") != "config.json,model.safetensors" {
+		t.Fatalf("VerifyChecksums of an untouched folder: %v, %v; want both files checked", names, err)
+	}
+	for _, tc := range []struct {
+		name string
+		harm func(dir string) error
+		want string
+	}{
+		{"a flipped byte", func(dir string) error {
+			return os.WriteFile(filepath.Join(dir, "model.safetensors"), []byte("weighTs"), 0o644)
+		}, "model.safetensors: SHA-256 "},
+		{"a missing file", func(dir string) error { return os.Remove(filepath.Join(dir, "config.json")) }, "config.json"},
+		{"a forged line", func(dir string) error {
+			return os.WriteFile(filepath.Join(dir, ChecksumFile), []byte("abc  ../../etc/passwd\n"), 0o644)
+		}, ChecksumFile + ":1: want"},
+		{"a listed FIFO", func(dir string) error {
+			p := filepath.Join(dir, "model.safetensors")
+			if err := os.Remove(p); err != nil {
+				return err
+			}
+			return syscall.Mkfifo(p, 0o600)
+		}, "model.safetensors: not a regular file"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := write(t)
+			if err := tc.harm(dir); err != nil {
+				t.Fatal(err)
+			}
+			_, err := VerifyChecksums(dir, nil)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("VerifyChecksums: %v; want an error containing %q", err, tc.want)
+			}
+		})
+	}
+	if _, err := VerifyChecksums(t.TempDir(), nil); !errors.Is(err, ErrNoChecksums) {
+		t.Fatalf("VerifyChecksums of a folder without %s: %v; want ErrNoChecksums", ChecksumFile, err)
+	}
+}
+
+// Mismatches finds what a hostile config.json claims beyond the weights
+// before anything is allocated for it.
+func TestMismatches(t *testing.T) {
+	c, err := Preset("tiny", 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "model.safetensors")
+	var specs []TensorSpec
+	for _, p := range c.Params() {
+		specs = append(specs, TensorSpec{Name: p.Name, DType: "BF16", Shape: p.Shape})
+	}
+	if err := WriteSafetensors(path, specs, nil, func(int, []byte) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	w, err := OpenWeightsFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if m := w.Mismatches(c); len(m) != 0 {
+		t.Fatalf("Mismatches of matching weights: %v; want none", m)
+	}
+	big := *c
+	big.NumHiddenLayers = 1000
+	big.HiddenSize = 4096
+	m := big.Params()
+	got := w.Mismatches(&big)
+	if len(got) != len(m) || !strings.Contains(got[0], `tensor "model.embed_tokens.weight": shape [64 128], want [64 4096]`) {
+		t.Fatalf("Mismatches of a config claiming 1000 layers of hidden 4096: %d problems, first %q; want %d, the first naming the embedding's shape", len(got), got[0], len(m))
+	}
+}
