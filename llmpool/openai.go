@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"golang.org/x/sync/semaphore"
@@ -60,11 +61,11 @@ func newOpenAI(m ModelConfig, env providerEnv) (provider, error) {
 	}
 	apiKey := ""
 	if cfg.APIKeyEnv != "" {
-		key, ok := env.getenv(cfg.APIKeyEnv)
-		if !ok || strings.TrimSpace(key) == "" {
-			return nil, fmt.Errorf("environment variable %s (api_key_env) is not set", cfg.APIKeyEnv)
+		key, err := APIKey(cfg.APIKeyEnv, env.getenv)
+		if err != nil {
+			return nil, err
 		}
-		apiKey = strings.TrimSpace(key)
+		apiKey = key
 	}
 	if cfg.RequestsPerMinute > 0 {
 		// Burst 1: requests are paced evenly, which also respects providers
@@ -74,6 +75,25 @@ func newOpenAI(m ModelConfig, env providerEnv) (provider, error) {
 	p.client = httpretry.NewClient(httpretry.Options{URL: p.endpoint, APIKey: apiKey, Timeout: cfg.Timeout,
 		MaxConcurrency: cfg.MaxConcurrency, MaxReplyBytes: maxReplyBytes, Table: "openai"})
 	return p, nil
+}
+
+// APIKey returns the API key environment variable name holds (lookup reads
+// the environment), trimmed, or an error naming the variable and what is
+// wrong: unset, empty, or holding a control character (a line break pasted
+// with the key), which no HTTP header can carry, so every call would fail.
+// The error never holds the value.
+func APIKey(name string, lookup func(string) (string, bool)) (string, error) {
+	key, ok := lookup(name)
+	key = strings.TrimSpace(key)
+	switch {
+	case !ok:
+		return "", fmt.Errorf("environment variable %s (api_key_env) is not set", name)
+	case key == "":
+		return "", fmt.Errorf("environment variable %s (api_key_env) is set but empty", name)
+	case strings.IndexFunc(key, unicode.IsControl) >= 0:
+		return "", fmt.Errorf("environment variable %s (api_key_env) holds a control character (a line break?); an API key is one line", name)
+	}
+	return key, nil
 }
 
 // chatMessage is one message of a chat-completions request.

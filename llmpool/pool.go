@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -135,6 +136,11 @@ type Pool struct {
 	byName map[string]*poolModel // lowercased name
 	cache  *diskCache            // nil when off
 	usage  *usageBook
+	// secrets are the configured API keys: scrubbed from every reply
+	// (scrub), fresh or cached, so that an endpoint echoing its request's
+	// Authorization header puts no key in a response, trace, cache file,
+	// outcome log or log line.
+	secrets []string
 
 	mu       sync.Mutex
 	closed   bool
@@ -182,6 +188,11 @@ func New(cfg Config, opts ...Option) (*Pool, error) {
 		p.models = append(p.models, pm)
 		p.byName[strings.ToLower(m.Name)] = pm
 		names = append(names, m.Name)
+		if m.OpenAI != nil && m.OpenAI.APIKeyEnv != "" {
+			if key, err := APIKey(m.OpenAI.APIKeyEnv, o.lookupEnv); err == nil && !slices.Contains(p.secrets, key) {
+				p.secrets = append(p.secrets, key)
+			}
+		}
 	}
 	cache, err := openCache(cfg.CacheDir, cfg.Cache, o.log)
 	if err != nil {
@@ -253,7 +264,7 @@ func (p *Pool) Call(ctx context.Context, req Request) Response {
 		default:
 			key = k
 			if e, hit := p.cache.get(key); hit {
-				return p.success(ctx, start, m, completion{Text: e.Text, InputTokens: e.InputTokens,
+				return p.success(ctx, start, m, completion{Text: p.scrub(e.Text), InputTokens: e.InputTokens,
 					OutputTokens: e.OutputTokens, Estimated: e.Estimated}, true)
 			}
 			if p.cfg.Cache == CacheReadOnly {
@@ -271,7 +282,7 @@ func (p *Pool) Call(ctx context.Context, req Request) Response {
 		return r
 	}
 	// What is returned is what the cache returns on the next call.
-	c.Text = validText(c.Text)
+	c.Text = p.scrub(validText(c.Text))
 	if key != "" {
 		e := cacheEntry{Text: c.Text, InputTokens: c.InputTokens, OutputTokens: c.OutputTokens, Estimated: c.Estimated}
 		if err := p.cache.put(key, name, m.info.Provider, e); err != nil {
@@ -337,6 +348,14 @@ func (p *Pool) names() []string {
 		out[i] = m.info.Name
 	}
 	return out
+}
+
+// scrub replaces every configured API key in a reply with "[redacted]".
+func (p *Pool) scrub(s string) string {
+	for _, k := range p.secrets {
+		s = strings.ReplaceAll(s, k, "[redacted]")
+	}
+	return s
 }
 
 // cost is tokens times prices per million tokens, in USD.

@@ -192,6 +192,8 @@ func TestAPIKeyNeverLeaks(t *testing.T) {
 			fmt.Fprintf(w, `{"error":"bad credentials %s"}`, auth)
 		case "malformed":
 			fmt.Fprintf(w, `{"choices":[{"message":{"content":"%s`, auth)
+		case "echoreply": // a successful reply that quotes the request's header
+			writeOK(w, "you sent "+auth+" and "+strings.TrimPrefix(auth, "Bearer "), 1, 1)
 		}
 	})
 	dir := t.TempDir()
@@ -209,7 +211,7 @@ func TestAPIKeyNeverLeaks(t *testing.T) {
 			}))
 			p := newTestPool(t, cfg, WithLogger(logger))
 			var texts []string
-			for _, q := range []string{"ok", "ok", "echo401", "echo500", "echo200", "malformed", ""} {
+			for _, q := range []string{"ok", "ok", "echo401", "echo500", "echo200", "malformed", "", "echoreply", "echoreply"} {
 				r := p.Call(context.Background(), Request{Model: "m", Query: q})
 				texts = append(texts, r.Text, fmt.Sprint(r.Err), fmt.Sprintf("%+v", r))
 			}
@@ -250,6 +252,40 @@ func TestAPIKeyNeverLeaks(t *testing.T) {
 			}
 			if len(cacheFiles(t, dir)) == 0 {
 				t.Error("no cache file written, want at least the successful reply cached")
+			}
+			if !slices.ContainsFunc(texts, func(s string) bool { return strings.Contains(s, "you sent Bearer [redacted] and [redacted]") }) {
+				t.Errorf("responses %q: want the echoing reply with the key scrubbed", texts)
+			}
+		})
+	}
+}
+
+// A key that cannot work is refused when the pool is built, naming the
+// variable and never its value: a line break pasted with the key passed
+// every check before, and then every call failed.
+func TestAPIKeyHostileValues(t *testing.T) {
+	for _, tc := range []struct {
+		name, value string
+		set         bool
+		want        string
+	}{
+		{"unset", "", false, "environment variable K (api_key_env) is not set"},
+		{"empty", "", true, "environment variable K (api_key_env) is set but empty"},
+		{"blank", " \t", true, "is set but empty"},
+		{"CR LF inside", "sk-abc\r\nX-Evil: 1", true, "holds a control character"},
+		{"NUL inside", "sk-abc\x00def", true, "holds a control character"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := withEnv()
+			if tc.set {
+				env = withEnv("K", tc.value)
+			}
+			_, err := New(testConfig(openaiModel("m", "http://127.0.0.1:1", func(o *OpenAIConfig) { o.APIKeyEnv = "K" })), env)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("New with K=%q: %v; want an error containing %q", tc.value, err, tc.want)
+			}
+			if tc.value != "" && strings.TrimSpace(tc.value) != "" && strings.Contains(err.Error(), strings.TrimSpace(tc.value)) {
+				t.Errorf("error %q holds the key's value", err)
 			}
 		})
 	}

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/recal-project/recal/internal/hfmodel"
+	"github.com/recal-project/recal/llmpool"
+	"github.com/recal-project/recal/router"
 )
 
 // tinyCheckpoint writes a checkpoint folder of the tiny preset (config.json
@@ -119,5 +121,24 @@ func poke(t *testing.T, path string, bits uint32) {
 	b[at], b[at+1], b[at+2], b[at+3] = byte(bits), byte(bits>>8), byte(bits>>16), byte(bits>>24)
 	if err := os.WriteFile(path, b, 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A key variable that cannot work is a problem of the dry run saying why:
+// an empty one is not "not set", and a line break in a key would make every
+// call fail after a clean dry run.
+func TestPoolKeyHostile(t *testing.T) {
+	for _, tc := range []struct{ value, want string }{
+		{"", "environment variable RECAL_TEST_KEY (api_key_env) is set but empty (the key of m)"},
+		{"sk-1\r\nX: y", "environment variable RECAL_TEST_KEY (api_key_env) holds a control character"},
+	} {
+		t.Setenv("RECAL_TEST_KEY", tc.value)
+		c := New("collect")
+		pc := llmpool.Config{Models: []llmpool.ModelConfig{{Name: "m", Provider: "openai",
+			OpenAI: &llmpool.OpenAIConfig{Model: "x", BaseURL: "http://127.0.0.1:1", APIKeyEnv: "RECAL_TEST_KEY"}}}, Cache: llmpool.CacheOff}
+		c.Pool(pc, router.Config{PromptTemplate: "../router/prompt.tmpl", MaxTurns: 4})
+		if got := strings.Join(c.Problems(), "\n"); !strings.Contains(got, tc.want) {
+			t.Errorf("key %q: problems %q, want one containing %q", tc.value, got, tc.want)
+		}
 	}
 }

@@ -254,6 +254,7 @@ func (c *Check) TestData(dc data.Config) {
 func (c *Check) Pool(pc llmpool.Config, rc router.Config) {
 	var infos []llmpool.ModelInfo
 	needs := map[string][]string{} // variable → models
+	why := map[string]error{}       // variable → what is wrong with it
 	var vars []string
 	c.Line("pool         %d models", len(pc.Models))
 	for _, m := range pc.Models {
@@ -263,12 +264,13 @@ func (c *Check) Pool(pc llmpool.Config, rc router.Config) {
 		if m.OpenAI != nil {
 			where = fmt.Sprintf("%s %s at %s", m.Provider, m.OpenAI.Model, m.OpenAI.BaseURL)
 			if v := m.OpenAI.APIKeyEnv; v != "" {
-				if key, ok := os.LookupEnv(v); !ok || strings.TrimSpace(key) == "" {
+				if _, err := llmpool.APIKey(v, os.LookupEnv); err != nil {
 					if _, seen := needs[v]; !seen {
 						vars = append(vars, v)
 					}
 					needs[v] = append(needs[v], m.Name)
-					where += ", key $" + v + " NOT SET"
+					why[v] = err
+					where += ", key $" + v + " NOT USABLE"
 				} else {
 					where += ", key $" + v + " set"
 				}
@@ -277,7 +279,7 @@ func (c *Check) Pool(pc llmpool.Config, rc router.Config) {
 		c.Line("  %-24s %s (USD %.2f/%.2f per M tokens in/out)", m.Name, where, m.PriceIn, m.PriceOut)
 	}
 	for _, v := range vars {
-		c.Problem("pool: environment variable %s is not set (api_key_env of %s)", v, strings.Join(needs[v], ", "))
+		c.Problem("pool: %v (the key of %s)", why[v], strings.Join(needs[v], ", "))
 	}
 	switch pc.Cache {
 	case llmpool.CacheOff:
