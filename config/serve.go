@@ -3,8 +3,11 @@ package config
 import (
 	"fmt"
 	"net"
+	"net/url"
 	"os"
+	"strings"
 	"time"
+	"unicode"
 )
 
 // Serve configures `recal serve`, the OpenAI-compatible HTTP server ([serve]).
@@ -64,6 +67,20 @@ type Serve struct {
 	// LogContent puts questions and answers in the access log lines.
 	// Default false: the log holds ids, status, timing, models and cost only.
 	LogContent bool `toml:"log_content"`
+	// AllowedOrigins lists the web origins (each scheme://host[:port],
+	// exactly as a browser sends it in its Origin header) whose pages may
+	// call the server. A request carrying an Origin header not listed is
+	// answered 403, so that a web page a user opens cannot make the local
+	// server spend pool money; a listed origin gets CORS headers and its
+	// preflight requests answered. Default empty: every request from a web
+	// page is refused (SDKs, curl and other programs send no Origin).
+	AllowedOrigins []string `toml:"allowed_origins"`
+	// AllowedHosts, when not empty, lists the host names (the Host header,
+	// port aside, such as "localhost" or "127.0.0.1") requests must be
+	// addressed to; another is answered 403. It guards a server without
+	// api_key_env against DNS rebinding (a web page's name made to point at
+	// 127.0.0.1). Default empty: any Host.
+	AllowedHosts []string `toml:"allowed_hosts"`
 }
 
 // DefaultServe returns the [serve] defaults.
@@ -106,6 +123,17 @@ func (s Serve) Validate() error {
 			return fmt.Errorf("%s", c.msg)
 		}
 	}
+	for i, o := range s.AllowedOrigins {
+		u, err := url.Parse(o)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Path != "" || u.RawQuery != "" || u.User != nil {
+			return fmt.Errorf("serve.allowed_origins[%d] = %q: want scheme://host[:port] (http or https, no path), as a browser's Origin header", i, o)
+		}
+	}
+	for i, h := range s.AllowedHosts {
+		if h == "" || strings.ContainsAny(h, ":/ ") && !strings.HasPrefix(h, "[") {
+			return fmt.Errorf("serve.allowed_hosts[%d] = %q: want a host name or address without a port (\"localhost\", \"127.0.0.1\", \"[::1]\")", i, h)
+		}
+	}
 	return nil
 }
 
@@ -117,8 +145,13 @@ func (s Serve) APIKey() (string, error) {
 		return "", nil
 	}
 	v, ok := os.LookupEnv(s.APIKeyEnv)
-	if !ok || v == "" {
+	switch {
+	case !ok:
 		return "", fmt.Errorf("config: serve.api_key_env = %q: the variable is not set (unset api_key_env to serve without authentication)", s.APIKeyEnv)
+	case strings.TrimSpace(v) == "":
+		return "", fmt.Errorf("config: serve.api_key_env = %q: the variable is set but empty (unset api_key_env to serve without authentication)", s.APIKeyEnv)
+	case strings.IndexFunc(v, unicode.IsControl) >= 0:
+		return "", fmt.Errorf("config: serve.api_key_env = %q: the variable holds a control character (a line break?); a bearer token is one line", s.APIKeyEnv)
 	}
 	return v, nil
 }

@@ -3,6 +3,7 @@ package config
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -17,7 +18,7 @@ func TestServe(t *testing.T) {
 		check   func(Serve) bool
 	}{
 		{name: "defaults", text: base, check: func(s Serve) bool {
-			return s == DefaultServe() && s.MaxBodyBytes == 1<<20 && !s.LogContent && s.BodyTimeout == 10*time.Second &&
+			return reflect.DeepEqual(s, DefaultServe()) && len(s.AllowedOrigins) == 0 && len(s.AllowedHosts) == 0 && s.MaxBodyBytes == 1<<20 && !s.LogContent && s.BodyTimeout == 10*time.Second &&
 				s.MaxBodyReads == 64 && s.MaxSamplings == 4 && s.MetricsAddr == "" && !s.MetricsOpen
 		}},
 		{name: "body bounds, samplings and metrics", text: base + "\n[serve]\nbody_timeout = \"2s\"\nmax_body_reads = 8\nmax_samplings = 1\nmetrics_addr = \"127.0.0.1:9100\"\nmetrics_open = true\n",
@@ -46,6 +47,11 @@ func TestServe(t *testing.T) {
 		{name: "metrics address without port", text: base, sets: []string{"serve.metrics_addr=localhost"}, wantErr: "serve.metrics_addr"},
 		{name: "both on a free port", text: base, sets: []string{"serve.addr=127.0.0.1:0", "serve.metrics_addr=127.0.0.1:0"},
 			check: func(s Serve) bool { return s.Addr == "127.0.0.1:0" && s.MetricsAddr == "127.0.0.1:0" }},
+		{name: "origins and hosts", text: base + "\n[serve]\nallowed_origins = [\"https://app.example.com\", \"http://localhost:3000\"]\nallowed_hosts = [\"localhost\", \"127.0.0.1\", \"[::1]\"]\n",
+			check: func(s Serve) bool { return len(s.AllowedOrigins) == 2 && len(s.AllowedHosts) == 3 }},
+		{name: "origin with a path", text: base, sets: []string{`serve.allowed_origins=["https://a.example/x"]`}, wantErr: `serve.allowed_origins[0] = "https://a.example/x": want scheme://host[:port]`},
+		{name: "origin without a scheme", text: base, sets: []string{`serve.allowed_origins=["a.example"]`}, wantErr: "serve.allowed_origins[0]"},
+		{name: "host with a port", text: base, sets: []string{`serve.allowed_hosts=["localhost:8080"]`}, wantErr: `serve.allowed_hosts[0] = "localhost:8080": want a host name`},
 		{name: "metrics on the API's address", text: base, sets: []string{"serve.addr=127.0.0.1:9000", "serve.metrics_addr=127.0.0.1:9000"}, wantErr: "serve.metrics_addr"},
 	}
 	for _, c := range cases {
@@ -85,7 +91,7 @@ func TestServeRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the written config does not parse again: %v", err)
 	}
-	if back.Serve != cfg.Serve {
+	if !reflect.DeepEqual(back.Serve, cfg.Serve) {
 		t.Errorf("[serve] after a round trip = %+v, want %+v", back.Serve, cfg.Serve)
 	}
 }
@@ -93,12 +99,14 @@ func TestServeRoundTrip(t *testing.T) {
 func TestServeAPIKey(t *testing.T) {
 	t.Setenv("RECAL_TEST_SERVE_KEY", "s3cret")
 	t.Setenv("RECAL_TEST_SERVE_EMPTY", "")
+	t.Setenv("RECAL_TEST_SERVE_CRLF", "s3cret\r\n")
 	cases := []struct {
 		env, want, wantErr string
 	}{
 		{"", "", ""},
 		{"RECAL_TEST_SERVE_KEY", "s3cret", ""},
-		{"RECAL_TEST_SERVE_EMPTY", "", "not set"},
+		{"RECAL_TEST_SERVE_EMPTY", "", "the variable is set but empty"},
+		{"RECAL_TEST_SERVE_CRLF", "", "holds a control character"},
 		{"RECAL_TEST_SERVE_UNSET_X", "", "not set"},
 	}
 	for _, c := range cases {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"mime"
 	"net/http"
 	"strconv"
 	"strings"
@@ -103,6 +104,10 @@ func (s *Server) body(w http.ResponseWriter, r *http.Request) ([]byte, *apiError
 		w.Header().Set("Connection", "close")
 		rc.SetReadDeadline(time.Now().Add(lingerClose))
 	}
+	if aerr := jsonContent(r); aerr != nil {
+		closeSoon()
+		return nil, aerr
+	}
 	select {
 	case s.bodies <- struct{}{}:
 	default:
@@ -127,6 +132,31 @@ func (s *Server) body(w http.ResponseWriter, r *http.Request) ([]byte, *apiError
 	// the connection (and cancel the request) if it stayed.
 	rc.SetReadDeadline(time.Time{})
 	return body, nil
+}
+
+// jsonContent answers 415 to a body that is not declared plain JSON: a
+// Content-Type other than application/json (missing, text/plain, a form:
+// what a web page can send without a CORS preflight), a charset other than
+// UTF-8, or any Content-Encoding (a gzipped body).
+func jsonContent(r *http.Request) *apiError {
+	unsupported := func(format string, args ...any) *apiError {
+		return &apiError{Status: http.StatusUnsupportedMediaType, Type: typeInvalid, Code: strp("unsupported_media_type"),
+			Message: fmt.Sprintf(format, args...)}
+	}
+	ct := r.Header.Get("Content-Type")
+	mt, params, err := mime.ParseMediaType(ct)
+	switch {
+	case ct == "":
+		return unsupported("no Content-Type: POST %s takes Content-Type: application/json", r.URL.Path)
+	case err != nil || mt != "application/json":
+		return unsupported("Content-Type %q: POST %s takes application/json", cut(ct, 100), r.URL.Path)
+	case params["charset"] != "" && !strings.EqualFold(params["charset"], "utf-8"):
+		return unsupported("Content-Type %q: the body must be UTF-8", cut(ct, 100))
+	}
+	if ce := r.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+		return unsupported("Content-Encoding %q: recal reads uncompressed request bodies", cut(ce, 40))
+	}
+	return nil
 }
 
 // completion is one chat completion in progress.

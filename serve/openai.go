@@ -9,6 +9,7 @@ import (
 	"math"
 	"net/http"
 	"os"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -256,7 +257,17 @@ func jsonError(err error) *apiError {
 		if what == "" {
 			what = "the request body"
 		}
-		return badRequest(field, "invalid_type", "%s: want a JSON %s, got %s", cut(what, 100), jsonKind(te.Type.Kind().String()), te.Value)
+		kind := jsonKind(te.Type.Kind().String())
+		if num, ok := strings.CutPrefix(te.Value, "number "); ok && kind == "number" {
+			// A number that does not fit the field: a fraction, an
+			// exponent or too many digits for an integer, or past the
+			// range of a 64-bit float.
+			if te.Type.Kind() == reflect.Float64 {
+				return badRequest(field, "invalid_value", "%s = %s: out of the range of a 64-bit float", cut(what, 100), cut(num, 40))
+			}
+			return badRequest(field, "invalid_value", "%s = %s: want a whole number written without a fraction or exponent, at most %d", cut(what, 100), cut(num, 40), math.MaxInt64)
+		}
+		return badRequest(field, "invalid_type", "%s: want a JSON %s, got %s", cut(what, 100), kind, cut(te.Value, 40))
 	case errors.Is(err, io.EOF):
 		return badRequest("", "invalid_json", "the request body is empty: want a JSON object")
 	case errors.Is(err, io.ErrUnexpectedEOF):

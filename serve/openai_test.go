@@ -143,6 +143,7 @@ func FuzzChatCompletions(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		rec := httptest.NewRecorder()
 		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
 		h.ServeHTTP(rec, r)
 		out := rec.Body.Bytes()
 		if rec.Code == http.StatusOK {

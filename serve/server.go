@@ -142,8 +142,57 @@ func New(opt Options) (*Server, error) {
 		s.metricsOnly = s.observe(only)
 	}
 	mux.Handle("/", notFound(endpoints))
-	s.handler = s.observe(mux)
+	s.handler = s.observe(s.guard(mux))
 	return s, nil
+}
+
+// guard refuses what a web browser sends on behalf of a page the user
+// opened, before any other check: a request carrying an Origin header not
+// in serve.allowed_origins, and one addressed to a Host not in
+// serve.allowed_hosts (when set; a DNS-rebound name). Both are answered
+// 403. A listed origin gets CORS headers, and its preflight requests
+// (OPTIONS with Access-Control-Request-Method) 204.
+func (s *Server) guard(h http.Handler) http.Handler {
+	origins := map[string]bool{}
+	for _, o := range s.opt.Config.AllowedOrigins {
+		origins[strings.ToLower(o)] = true
+	}
+	hosts := map[string]bool{}
+	for _, h := range s.opt.Config.AllowedHosts {
+		hosts[strings.ToLower(strings.Trim(h, "[]"))] = true
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(hosts) > 0 {
+			host := r.Host
+			if h, _, err := net.SplitHostPort(host); err == nil {
+				host = h
+			}
+			if !hosts[strings.ToLower(strings.Trim(host, "[]"))] {
+				writeError(w, &apiError{Status: http.StatusForbidden, Type: typeInvalid, Code: strp("host_not_allowed"),
+					Message: fmt.Sprintf("Host %q is not in serve.allowed_hosts", cut(r.Host, 100))})
+				return
+			}
+		}
+		if vs, sent := r.Header["Origin"]; sent {
+			origin := strings.Join(vs, ",")
+			if !origins[strings.ToLower(origin)] {
+				writeError(w, &apiError{Status: http.StatusForbidden, Type: typeInvalid, Code: strp("origin_not_allowed"),
+					Message: fmt.Sprintf("requests from web pages are refused: Origin %q is not in serve.allowed_origins", cut(origin, 100))})
+				return
+			}
+			w.Header().Set("Access-Control-Allow-Origin", origin)
+			w.Header().Add("Vary", "Origin")
+			if r.Method == http.MethodOptions && r.Header.Get("Access-Control-Request-Method") != "" {
+				w.Header().Set("Access-Control-Allow-Methods", "GET, POST")
+				w.Header().Set("Access-Control-Allow-Headers", "Authorization, Content-Type")
+				w.Header().Set("Access-Control-Max-Age", "600")
+				w.WriteHeader(http.StatusNoContent)
+				markComplete(w)
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // notFound answers 404 naming the endpoints served.
@@ -390,9 +439,22 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	markComplete(w)
 }
 
-// writeError writes an error in OpenAI's shape.
+// Caps of an error's fields, in code points: an error may quote the
+// client's input, never at length.
+const (
+	maxErrorMessage = 1000
+	maxErrorParam   = 200
+)
+
+// writeError writes an error in OpenAI's shape, its message and param cut
+// to maxErrorMessage and maxErrorParam.
 func writeError(w http.ResponseWriter, e *apiError) {
-	writeJSON(w, e.Status, map[string]*apiError{"error": e})
+	c := *e
+	c.Message = cut(c.Message, maxErrorMessage)
+	if c.Param != nil {
+		c.Param = strp(cut(*c.Param, maxErrorParam))
+	}
+	writeJSON(w, c.Status, map[string]*apiError{"error": &c})
 }
 
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {

@@ -288,6 +288,7 @@ func TestStream(t *testing.T) {
 	f.backend.hold = make(chan struct{})
 	req, _ := http.NewRequest(http.MethodPost, f.http.URL+"/v1/chat/completions",
 		strings.NewReader(chatBody("Who wrote Hamlet?", `"stream":true,"stream_options":{"include_usage":true}`)))
+	req.Header.Set("Content-Type", "application/json")
 	resp, err := f.http.Client().Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -416,10 +417,21 @@ func TestBadRequests(t *testing.T) {
 		{"GET on chat", "GET", "/v1/chat/completions", "", 405, "", "takes POST"},
 		{"unknown path", "GET", "/v1/embeddings", "", 404, "", "no endpoint"},
 		{"unknown model id", "GET", "/v1/models/nope", "", 404, "model", `"nope"`},
+		// Numbers that do not fit their field are named as such, not as
+		// "want a JSON number, got number".
+		{"max_tokens 1e12", "POST", "/v1/chat/completions", chatBody("q", `"max_tokens":1e12`), 400, "max_tokens", "max_tokens = 1e12: want a whole number"},
+		{"max_tokens 1.5", "POST", "/v1/chat/completions", chatBody("q", `"max_tokens":1.5`), 400, "max_tokens", "max_tokens = 1.5: want a whole number"},
+		{"max_tokens past int64", "POST", "/v1/chat/completions", chatBody("q", `"max_tokens":9223372036854775808`), 400, "max_tokens", "at most 9223372036854775807"},
+		{"temperature 1e309", "POST", "/v1/chat/completions", chatBody("q", `"temperature":1e309`), 400, "temperature", "temperature = 1e309: out of the range of a 64-bit float"},
+		// An error quotes the client's input briefly, never in full.
+		{"900 KB parameter name", "POST", "/v1/chat/completions", chatBody("q", `"`+strings.Repeat("x", 900_000)+`":1`), 400, strings.Repeat("x", maxErrorParam) + "…", "unsupported parameter"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			req, _ := http.NewRequest(c.method, f.http.URL+c.path, strings.NewReader(c.body))
+			if c.method == http.MethodPost {
+				req.Header.Set("Content-Type", "application/json")
+			}
 			resp, err := f.http.Client().Do(req)
 			if err != nil {
 				t.Fatal(err)
@@ -458,6 +470,7 @@ func TestBadRequests(t *testing.T) {
 	t.Run("2 MiB chunked body", func(t *testing.T) {
 		// No Content-Length: the limit is found while reading.
 		req, _ := http.NewRequest(http.MethodPost, f.http.URL+"/v1/chat/completions", io.MultiReader(strings.NewReader(huge)))
+		req.Header.Set("Content-Type", "application/json")
 		resp, err := f.http.Client().Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -470,6 +483,81 @@ func TestBadRequests(t *testing.T) {
 	})
 	if n := len(f.backend.queries); n != 0 {
 		t.Errorf("%d bad requests reached the backend, want 0", n)
+	}
+}
+
+// What a web page can make a browser send is refused before the body is
+// read (authentication is off by default, so a page the user opens could
+// otherwise make the server spend pool money): a body not declared JSON
+// (415; a CORS "simple" request carries text/plain or a form), a gzipped
+// body (415), an Origin not in serve.allowed_origins (403) and, when
+// serve.allowed_hosts is set, another Host (403). A listed origin works,
+// its preflight included.
+func TestHostileRequests(t *testing.T) {
+	f := newFixture(t, simPool(t, 0), 0, func(o *Options) {
+		o.Config.AllowedOrigins = []string{"https://app.example.com"}
+		o.Config.AllowedHosts = []string{"127.0.0.1", "localhost"}
+	})
+	open := newFixture(t, simPool(t, 0), 0, nil) // the defaults: no origin, any host
+	body := chatBody("q", "")
+	cases := []struct {
+		name   string
+		f      *fixture
+		method string
+		header []string // name, value, …; Content-Type is application/json unless given
+		status int
+		code   string
+	}{
+		{"text/plain", f, "POST", []string{"Content-Type", "text/plain"}, 415, "unsupported_media_type"},
+		{"form", f, "POST", []string{"Content-Type", "application/x-www-form-urlencoded"}, 415, "unsupported_media_type"},
+		{"no Content-Type", f, "POST", []string{"Content-Type", ""}, 415, "unsupported_media_type"},
+		{"Latin-1", f, "POST", []string{"Content-Type", "application/json; charset=iso-8859-1"}, 415, "unsupported_media_type"},
+		{"gzip", f, "POST", []string{"Content-Encoding", "gzip"}, 415, "unsupported_media_type"},
+		{"foreign origin", f, "POST", []string{"Origin", "https://evil.example"}, 403, "origin_not_allowed"},
+		{"foreign origin, text/plain, default config", open, "POST", []string{"Origin", "https://evil.example", "Content-Type", "text/plain"}, 403, "origin_not_allowed"},
+		{"any origin, default config", open, "GET", []string{"Origin", "http://localhost:3000"}, 403, "origin_not_allowed"},
+		{"null origin", f, "POST", []string{"Origin", "null"}, 403, "origin_not_allowed"},
+		{"foreign host", f, "POST", []string{"Host", "evil.example"}, 403, "host_not_allowed"},
+		{"foreign host on the port", f, "GET", []string{"Host", "rebound.example:8080"}, 403, "host_not_allowed"},
+		{"JSON with a charset", f, "POST", []string{"Content-Type", "application/json; charset=utf-8"}, 200, ""},
+		{"listed origin", f, "POST", []string{"Origin", "https://app.example.com"}, 200, ""},
+		{"listed host with a port", f, "POST", []string{"Host", "localhost:8080"}, 200, ""},
+		{"preflight of a listed origin", f, "OPTIONS", []string{"Origin", "https://app.example.com", "Access-Control-Request-Method", "POST"}, 204, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			path := "/v1/chat/completions"
+			if c.method == "GET" {
+				path = "/v1/models"
+			}
+			req, _ := http.NewRequest(c.method, c.f.http.URL+path, strings.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			for i := 0; i+1 < len(c.header); i += 2 {
+				switch {
+				case c.header[i] == "Host":
+					req.Host = c.header[i+1]
+				case c.header[i+1] == "":
+					req.Header.Del(c.header[i])
+				default:
+					req.Header.Set(c.header[i], c.header[i+1])
+				}
+			}
+			resp, err := c.f.http.Client().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != c.status || (c.code != "" && !strings.Contains(string(b), `"code":"`+c.code+`"`)) {
+				t.Fatalf("status %d %s, want %d %s", resp.StatusCode, b, c.status, c.code)
+			}
+			if c.status == 204 && resp.Header.Get("Access-Control-Allow-Origin") != "https://app.example.com" {
+				t.Errorf("preflight headers %v, want Access-Control-Allow-Origin of the listed origin", resp.Header)
+			}
+		})
+	}
+	if n := len(f.backend.queries) + len(open.backend.queries); n != 3 {
+		t.Errorf("%d requests reached the backends, want the 3 allowed POSTs", n)
 	}
 }
 
@@ -568,6 +656,7 @@ func TestStreamDisconnect(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f.http.URL+"/v1/chat/completions", strings.NewReader(chatBody("q", `"stream":true`)))
+	req.Header.Set("Content-Type", "application/json")
 	go func() {
 		<-f.backend.started
 		time.Sleep(20 * time.Millisecond)

@@ -309,6 +309,7 @@ func TestServeEndToEnd(t *testing.T) {
 	// A streaming client that hangs up after the first event.
 	ctx, cancel := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, p.url+"/chat/completions", strings.NewReader(question("Who painted the Mona Lisa?", `"stream":true`)))
+	req.Header.Set("Content-Type", "application/json")
 	if resp, err := http.DefaultClient.Do(req); err == nil {
 		resp.Body.Read(make([]byte, 1))
 		cancel()
