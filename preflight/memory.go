@@ -239,15 +239,22 @@ func Remedy(cfg config.Config, m *hfmodel.Config, job Job, promptLen, capacity i
 		return nil, cfg
 	}
 	if plan().Rollout.Peak() > target {
-		rows := Options(cfg, job, promptLen, capacity, ctxLen).RolloutRows
-		for rows > 1 && plan().Rollout.Peak() > target {
-			rows--
-			cfg.Train.RolloutRows = rows
-		}
-		if plan().Rollout.Peak() > target {
+		// The rollout's peak grows with its rows: bisect for the largest
+		// count that fits (a linear search took minutes at group_size 10^6).
+		rolloutFits := func(rows int) bool { cfg.Train.RolloutRows = rows; return plan().Rollout.Peak() <= target }
+		lo, hi := 1, Options(cfg, job, promptLen, capacity, ctxLen).RolloutRows // fits(hi) is false
+		if !rolloutFits(lo) {
 			return nil, cfg
 		}
-		sets = append(sets, fmt.Sprintf("--set train.rollout_rows=%d", rows))
+		for hi-lo > 1 {
+			if mid := lo + (hi-lo)/2; rolloutFits(mid) {
+				lo = mid
+			} else {
+				hi = mid
+			}
+		}
+		cfg.Train.RolloutRows = lo
+		sets = append(sets, fmt.Sprintf("--set train.rollout_rows=%d", lo))
 	}
 	if sets == nil { // it fits the device but not the headroom: nothing to change
 		return nil, cfg

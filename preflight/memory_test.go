@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/internal/hfmodel"
@@ -124,6 +125,36 @@ func TestRemedy(t *testing.T) {
 	}
 	if sets, _ := Remedy(cfg, m, Job{World: 1, Rows: 64}, 500, 1500, 32768, 1<<30); sets != nil {
 		t.Error("a training remedy for an inference job")
+	}
+}
+
+// A hostile group size (--set train.group_size=1000000: 64 million rows)
+// gets its verdict at once, the largest rollout_rows that fits found by
+// bisection: it fits, and one more row does not. A search row by row took
+// minutes.
+func TestRemedyHugeGroup(t *testing.T) {
+	m := qwen3B(t)
+	cfg := config.Default()
+	cfg.Policy.Device, cfg.Policy.DType = "cuda", "bfloat16"
+	cfg.Train.BatchSize, cfg.Train.GroupSize, cfg.Train.MicroBatch = 64, 1000000, 4
+	job := Job{Train: true, World: 1}
+	avail := int64(80) << 30
+	start := time.Now()
+	sets, fixed := Remedy(cfg, m, job, 500, 1500, 32768, avail)
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("Remedy took %s at group_size 10^6; want well under 5 s", d)
+	}
+	rows := fixed.Train.RolloutRows
+	if len(sets) == 0 || sets[len(sets)-1] != fmt.Sprintf("--set train.rollout_rows=%d", rows) || rows < 1 {
+		t.Fatalf("remedy %v (rollout_rows %d): want rollout_rows last", sets, rows)
+	}
+	target := int64(float64(avail) * (1 - Headroom))
+	if p := m.PlanMemory(Options(fixed, job, 500, 1500, 32768)); p.Rollout.Peak() > target {
+		t.Errorf("rollout_rows %d does not fit: %.2f GiB", rows, hfmodel.GiB(p.Rollout.Peak()))
+	}
+	fixed.Train.RolloutRows = rows + 1
+	if p := m.PlanMemory(Options(fixed, job, 500, 1500, 32768)); p.Rollout.Peak() <= target {
+		t.Errorf("rollout_rows %d fits too: the remedy must name the largest count", rows+1)
 	}
 }
 
