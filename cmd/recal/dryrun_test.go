@@ -48,7 +48,7 @@ func TestDryRunPaperConfig(t *testing.T) {
 	}
 	got := problemLines(t, stderr)
 	if len(got) != 2 || !strings.HasPrefix(got[0], "policy.checkpoint: ") || !strings.Contains(got[0], "Qwen2.5-3B-Instruct does not exist") ||
-		!strings.Contains(got[1], "NVIDIA_API_KEY is not set") {
+		!strings.Contains(got[1], "NVIDIA_API_KEY (api_key_env) is not set") {
 		t.Errorf("problems:\n%s\nwant exactly the missing checkpoint folder and the missing NVIDIA_API_KEY", strings.Join(got, "\n"))
 	}
 	if stdout != "" {

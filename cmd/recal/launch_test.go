@@ -48,6 +48,9 @@ func TestNprocEval(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(ck, "config.json"), b, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	if err := hfmodel.WriteChecksums(ck); err != nil { // as recal would have written it
+		t.Fatal(err)
+	}
 	args := func(out string) []string {
 		return []string{"--threads", "1", "eval", "--config", "../../recal.toml", "--checkpoint", ck, "--datasets", "nq,popqa",
 			"--routers", "policy,random", "--out", out, "--set", "data.test_per_dataset=5", "--set", "eval.batch=2",

@@ -83,8 +83,11 @@ func WriteChecksums(dir string) error {
 
 // VerifyChecksums checks the files dir/ChecksumFile lists (those for which
 // want is true; every one when want is nil) against their SHA-256 and
-// returns the names checked. A listed file that is missing or differs is an
-// error naming it; a folder without ChecksumFile gives ErrNoChecksums.
+// returns the names checked. A listed file that differs, or is not a
+// regular file, is an error naming it; one that is gone is skipped (its
+// reader says it is missing, where it is needed: a tokenizer file removed
+// on purpose is no corruption); a folder without ChecksumFile gives
+// ErrNoChecksums.
 func VerifyChecksums(dir string, want func(name string) bool) ([]string, error) {
 	path := filepath.Join(dir, ChecksumFile)
 	b, err := inputfile.ReadFile(path, inputfile.ConfigLimit)
@@ -112,6 +115,9 @@ func VerifyChecksums(dir string, want func(name string) bool) ([]string, error) 
 			continue
 		}
 		got, err := fileSHA256(filepath.Join(dir, name))
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
 		if err != nil {
 			return names, fmt.Errorf("%w (listed in %s)", err, path)
 		}

@@ -76,7 +76,6 @@ func TestVerifyChecksumsHostile(t *testing.T) {
 		{"a flipped byte", func(dir string) error {
 			return os.WriteFile(filepath.Join(dir, "model.safetensors"), []byte("weighTs"), 0o644)
 		}, "model.safetensors: SHA-256 "},
-		{"a missing file", func(dir string) error { return os.Remove(filepath.Join(dir, "config.json")) }, "config.json"},
 		{"a forged line", func(dir string) error {
 			return os.WriteFile(filepath.Join(dir, ChecksumFile), []byte("abc  ../../etc/passwd\n"), 0o644)
 		}, ChecksumFile + ":1: want"},
@@ -98,6 +97,14 @@ func TestVerifyChecksumsHostile(t *testing.T) {
 				t.Fatalf("VerifyChecksums: %v; want an error containing %q", err, tc.want)
 			}
 		})
+	}
+	// A file removed is not checked (whoever reads it says it is missing).
+	dir = write(t)
+	if err := os.Remove(filepath.Join(dir, "config.json")); err != nil {
+		t.Fatal(err)
+	}
+	if names, err := VerifyChecksums(dir, nil); err != nil || strings.Join(names, ",") != "model.safetensors" {
+		t.Errorf("VerifyChecksums without config.json: %v, %v; want model.safetensors checked alone", names, err)
 	}
 	if _, err := VerifyChecksums(t.TempDir(), nil); !errors.Is(err, ErrNoChecksums) {
 		t.Fatalf("VerifyChecksums of a folder without %s: %v; want ErrNoChecksums", ChecksumFile, err)
