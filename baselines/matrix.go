@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/recal-project/recal/internal/inputfile"
 	"github.com/recal-project/recal/llmpool"
 )
 
@@ -158,9 +159,9 @@ var (
 
 // readPool reads dir's pool.json (os.ErrNotExist when absent).
 func readPool(dir string) (PoolInfo, error) {
-	b, err := os.ReadFile(filepath.Join(dir, PoolFile))
+	b, err := inputfile.ReadFile(filepath.Join(dir, PoolFile), inputfile.ConfigLimit)
 	if err != nil {
-		return PoolInfo{}, err
+		return PoolInfo{}, fmt.Errorf("baselines: %w", err)
 	}
 	var p PoolInfo
 	if err := json.Unmarshal(b, &p); err != nil || p.ID == "" || len(p.Models) == 0 {
@@ -176,9 +177,9 @@ func readPool(dir string) (PoolInfo, error) {
 // model) pair wins; a line that does not parse (a torn last line after a
 // kill) is skipped.
 func readOutcomes(dir string) (map[[2]string]Outcome, error) {
-	f, err := os.Open(filepath.Join(dir, OutcomesFile))
+	f, err := inputfile.Open(filepath.Join(dir, OutcomesFile))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("baselines: %w", err)
 	}
 	defer f.Close()
 	out := map[[2]string]Outcome{}

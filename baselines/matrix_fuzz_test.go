@@ -6,7 +6,9 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // FuzzLoadMatrix reads arbitrary pool.json and outcomes.jsonl files (a
@@ -61,4 +63,28 @@ func FuzzLoadMatrix(f *testing.F) {
 			t.Fatalf("digest %q", m.Digest)
 		}
 	})
+}
+
+// An outcomes.jsonl or pool.json that is not a regular file (a FIFO no one
+// writes) is refused at once, naming it, never waited on.
+func TestLoadMatrixHostileFiles(t *testing.T) {
+	for _, name := range []string{PoolFile, OutcomesFile} {
+		dir := t.TempDir()
+		os.WriteFile(filepath.Join(dir, PoolFile), []byte(`{"version":1,"id":"sha256:ab","models":[{"name":"a"}]}`), 0o644)
+		path := filepath.Join(dir, name)
+		os.Remove(path)
+		if err := syscall.Mkfifo(path, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { _, err := LoadMatrix(dir); done <- err }()
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "not a regular file") {
+				t.Errorf("LoadMatrix with a FIFO %s: %v; want an error naming it as not a regular file", name, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("LoadMatrix with a FIFO %s still blocked after 5 s", name)
+		}
+	}
 }

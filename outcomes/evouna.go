@@ -13,6 +13,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/recal-project/recal/internal/inputfile"
 )
 
 // EVOUNASystems are the QA systems of EVOUNA, in the order of its files. They
@@ -188,7 +190,7 @@ func ConvertEVOUNA(src, out string, o EVOUNAOptions) (EVOUNAReport, error) {
 	if err := copyFile(filepath.Join(src, "LICENSE"), filepath.Join(out, "LICENSE")); err != nil {
 		return rep, err
 	}
-	readme, err := os.ReadFile(filepath.Join(src, "README.md"))
+	readme, err := inputfile.ReadFile(filepath.Join(src, "README.md"), inputfile.ConfigLimit)
 	if err != nil {
 		return rep, fmt.Errorf("outcomes: evouna: %w (the source's README.md names where the data comes from)", err)
 	}
@@ -249,7 +251,7 @@ func drawTest(qs []question, n int, seed int64) (test, train []question) {
 // only EVOUNA's fields; a judgment is true, false, null or the string "nan"
 // (missing); an answer or the golden answer is a string or null.
 func readEVOUNA(path string) ([]evounaRecord, error) {
-	b, err := os.ReadFile(path)
+	b, err := inputfile.ReadFile(path, inputfile.TextLimit)
 	if err != nil {
 		return nil, fmt.Errorf("outcomes: evouna: %w", err)
 	}

@@ -7,6 +7,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+
+	"github.com/recal-project/recal/internal/inputfile"
 )
 
 // question is one row of a question file, as package data reads it.
@@ -65,7 +67,7 @@ func writeFile(path string, fill func(io.Writer) error) error {
 
 // copyFile copies src to dst.
 func copyFile(src, dst string) error {
-	in, err := os.Open(src)
+	in, err := inputfile.Open(src)
 	if err != nil {
 		return fmt.Errorf("outcomes: %w", err)
 	}
