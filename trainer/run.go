@@ -312,7 +312,21 @@ func writeJSONLine(f *os.File, v any) error {
 	if err != nil {
 		return fmt.Errorf("trainer: %w", err)
 	}
-	if _, err := f.Write(append(b, '\n')); err != nil {
+	return appendLines(f, append(b, '\n'))
+}
+
+// appendLines appends whole lines to a log opened for appending. A write
+// that fails part way (a full disk) is taken back: the file is cut to its
+// size before it, so no log ends in a torn line.
+func appendLines(f *os.File, b []byte) error {
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("trainer: %w", err)
+	}
+	if _, err := f.Write(b); err != nil {
+		if terr := f.Truncate(st.Size()); terr != nil {
+			return fmt.Errorf("trainer: %w (and cutting the torn line: %v)", err, terr)
+		}
 		return fmt.Errorf("trainer: %w", err)
 	}
 	return nil
@@ -391,8 +405,8 @@ func (r *runDir) logStep(m Metrics, qs []data.Example, g int, samples []router.S
 		}
 		buf.Write(append(b, '\n'))
 	}
-	if _, err := r.rollouts.Write(buf.Bytes()); err != nil {
-		return fmt.Errorf("trainer: %w", err)
+	if err := appendLines(r.rollouts, buf.Bytes()); err != nil {
+		return err
 	}
 	return writeJSONLine(r.metrics, m)
 }
