@@ -79,6 +79,12 @@ func Acquire(dir, command string) (*Lock, error) {
 		}
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
+		// A symbolic link to nothing reads as "file exists": say what it is.
+		if target, lerr := os.Readlink(filepath.Clean(dir)); lerr == nil {
+			if _, serr := os.Stat(dir); errors.Is(serr, os.ErrNotExist) {
+				return nil, fmt.Errorf("runlock: %s is a symbolic link to %s, which does not exist: create the target or remove the link", dir, target)
+			}
+		}
 		return nil, fmt.Errorf("runlock: %w", err)
 	}
 	path := filepath.Join(dir, File)

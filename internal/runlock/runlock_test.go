@@ -150,3 +150,20 @@ func TestLockInProcess(t *testing.T) {
 		}
 	})
 }
+
+// A run folder that is a symbolic link to nothing is named as such, not
+// reported as "mkdir …: file exists".
+func TestAcquireDanglingLink(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "run")
+	if err := os.Symlink(filepath.Join(t.TempDir(), "gone"), dir); err != nil {
+		t.Fatal(err)
+	}
+	l, err := Acquire(dir, "test")
+	if err == nil {
+		l.Release()
+		t.Fatal("Acquire through a dangling link succeeded; want an error")
+	}
+	if !strings.Contains(err.Error(), dir+" is a symbolic link to ") || !strings.Contains(err.Error(), "which does not exist") {
+		t.Fatalf("error %q; want it to name the dangling link", err)
+	}
+}
