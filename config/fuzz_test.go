@@ -30,6 +30,11 @@ func FuzzParse(f *testing.F) {
 	f.Add("[[pool.models]]\nname = 1\n", "")
 	f.Add("a = [1, 'x', {b = 2}]\n", "")
 	f.Add("\xff = 1\n", "")
+	f.Add(base+"\n[train]\nlr = \"fast\"\n", "")
+	f.Add(base, "train.lr=NaN\ntrain.steps=1e30")
+	f.Add(base, "train.steps=99999999999999999999")
+	f.Add(base, "serve.allowed_origins=[\"https://a.example/x\"]")
+	f.Add(base, "train.stepz.x=1\ntrain.stepz=2")
 	shipped, _ := filepath.Glob("../configs/*.toml")
 	for _, p := range append(shipped, "../recal.toml") {
 		b, err := os.ReadFile(p)

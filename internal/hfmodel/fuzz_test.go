@@ -2,13 +2,17 @@ package hfmodel
 
 import (
 	"bytes"
+	"cmp"
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"math"
 	"math/bits"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -53,6 +57,9 @@ func FuzzOpenWeightsFile(f *testing.F) {
 	f.Add(safetensorsFile(`{"__metadata__":{"k":1}}`, nil))
 	f.Add(safetensorsFile(`null`, nil))
 	f.Add(binary.LittleEndian.AppendUint64(nil, math.MaxUint64))
+	f.Add(safetensorsFile(`{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}`, make([]byte, 12)))
+	f.Add(safetensorsFile(`{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}}`, make([]byte, 12)))
+	f.Add(safetensorsFile(`{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}`, make([]byte, 9)))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		path := filepath.Join(t.TempDir(), "model.safetensors")
 		if err := os.WriteFile(path, b, 0o644); err != nil {
@@ -66,6 +73,28 @@ func FuzzOpenWeightsFile(f *testing.F) {
 			return
 		}
 		defer w.Close()
+		// The tensors tile the data section: sorted by offset, each begins
+		// where the one before ends, the first at the data's start and the
+		// last at the file's end (no byte shared, none left over).
+		var ts []*Tensor
+		for _, name := range w.Names() {
+			tn, _ := w.Lookup(name)
+			ts = append(ts, tn)
+		}
+		slices.SortFunc(ts, func(x, y *Tensor) int { return cmp.Or(cmp.Compare(x.begin, y.begin), cmp.Compare(x.size, y.size)) })
+		if len(ts) > 0 {
+			n := int64(binary.LittleEndian.Uint64(b))
+			at := 8 + n
+			for _, tn := range ts {
+				if tn.begin != at {
+					t.Fatalf("tensor %q begins at byte %d, want %d: tensors overlap or leave a gap", tn.Name, tn.begin, at)
+				}
+				at += tn.size
+			}
+			if at != int64(len(b)) {
+				t.Fatalf("the tensors end at byte %d of a %d-byte file: bytes of no tensor", at, len(b))
+			}
+		}
 		for _, name := range w.Names() {
 			tn, _ := w.Lookup(name)
 			if tn.begin < 8 || tn.size < 0 || tn.begin+tn.size > int64(len(b)) {
@@ -167,4 +196,60 @@ func compact(t *testing.T, c *Config) Config {
 		cc.Extra[k] = buf.Bytes()
 	}
 	return cc
+}
+
+// FuzzVerifyChecksums reads arbitrary bytes as a checkpoint's
+// checksums.sha256 beside two files. No input panics or names a file
+// outside the folder; errors name the checksum file or the file that
+// differs; the names it accepts are files of the folder whose SHA-256 the
+// list gives.
+func FuzzVerifyChecksums(f *testing.F) {
+	dir := f.TempDir()
+	files := map[string]string{"config.json": "{}", "model.safetensors": "weights"}
+	for name, text := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			f.Fatal(err)
+		}
+	}
+	if err := WriteChecksums(dir); err != nil {
+		f.Fatal(err)
+	}
+	good, err := os.ReadFile(filepath.Join(dir, ChecksumFile))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(good)
+	f.Add(good[:len(good)/2])
+	f.Add([]byte(strings.Repeat("0", 64) + "  ../../etc/passwd\n"))
+	f.Add([]byte(strings.Repeat("g", 64) + "  config.json\n"))
+	f.Add(append(append([]byte{}, good...), good...))
+	f.Add([]byte("\n\n  \n"))
+	f.Fuzz(func(t *testing.T, list []byte) {
+		d := t.TempDir()
+		for name, text := range files {
+			if err := os.WriteFile(filepath.Join(d, name), []byte(text), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.WriteFile(filepath.Join(d, ChecksumFile), list, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		names, err := VerifyChecksums(d, nil)
+		if err != nil {
+			if msg := err.Error(); !strings.HasPrefix(msg, "hfmodel: ") || !strings.Contains(msg, d) {
+				t.Fatalf("error %q must start with hfmodel: and name a file of the folder", msg)
+			}
+			return
+		}
+		for _, n := range names {
+			text, ok := files[n]
+			if !ok {
+				t.Fatalf("accepted %q, not a file of the folder", n)
+			}
+			sum := sha256.Sum256([]byte(text))
+			if !strings.Contains(strings.ToLower(string(list)), hex.EncodeToString(sum[:])+"  "+n) {
+				t.Fatalf("accepted %q, whose SHA-256 the list does not give", n)
+			}
+		}
+	})
 }
