@@ -556,6 +556,9 @@ func (p *Policy) LoadValueHead(path string) error {
 		if err != nil {
 			return err
 		}
+		if i := hfmodel.NonFinite(t.DType, b); i >= 0 {
+			return hfmodel.NonFiniteError(t, i)
+		}
 		if err := p.SetParam(pr.Name, t.DType, b); err != nil {
 			return fmt.Errorf("torchbridge: %s: %w", path, err)
 		}
