@@ -6,7 +6,9 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // writeFile writes content to name in a fresh temporary folder and returns
@@ -222,5 +224,33 @@ func TestLoadFileUnsupported(t *testing.T) {
 	}
 	if _, err := LoadFile(filepath.Join(t.TempDir(), "missing.jsonl"), LoadOptions{}); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("LoadFile(missing) error = %v; want os.ErrNotExist", err)
+	}
+}
+
+// A question file that is not a regular file (a FIFO no one writes, a link
+// to /dev/urandom) is refused at once, naming it.
+func TestLoadFileHostileFiles(t *testing.T) {
+	for _, name := range []string{"train.jsonl", "train.parquet"} {
+		for _, kind := range []string{"fifo", "urandom"} {
+			path := filepath.Join(t.TempDir(), "nq", name)
+			os.MkdirAll(filepath.Dir(path), 0o755)
+			if kind == "fifo" {
+				if err := syscall.Mkfifo(path, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			} else if err := os.Symlink("/dev/urandom", path); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { _, err := LoadFile(path, LoadOptions{}); done <- err }()
+			select {
+			case err := <-done:
+				if err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "not a regular file") {
+					t.Errorf("LoadFile(%s as a %s): %v; want an error naming it as not a regular file", name, kind, err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatalf("LoadFile(%s as a %s): still blocked after 5 s", name, kind)
+			}
+		}
 	}
 }

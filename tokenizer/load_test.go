@@ -7,7 +7,9 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // tinyJSON is a minimal byte-level BPE tokenizer.json in Qwen2's shape: ids
@@ -208,5 +210,42 @@ func TestLoadMissingFile(t *testing.T) {
 		if _, err := Load(path); err == nil || !strings.HasPrefix(err.Error(), "tokenizer: ") || !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("Load(%s) error = %v, want a tokenizer: error wrapping os.ErrNotExist", path, err)
 		}
+	}
+}
+
+// A tokenizer.json or tokenizer_config.json that is not a regular file (a
+// FIFO no one writes, a link to /dev/urandom) is refused at once, naming
+// it, never waited on or read without end.
+func TestLoadHostileFiles(t *testing.T) {
+	for _, tc := range []struct{ file, kind string }{
+		{TokenizerFile, "fifo"}, {TokenizerFile, "urandom"}, {ConfigFile, "fifo"},
+	} {
+		t.Run(tc.file+" "+tc.kind, func(t *testing.T) {
+			dir := t.TempDir()
+			b, err := os.ReadFile(filepath.Join("qwen2.5", TokenizerFile))
+			if err != nil {
+				t.Fatal(err)
+			}
+			os.WriteFile(filepath.Join(dir, TokenizerFile), b, 0o644)
+			path := filepath.Join(dir, tc.file)
+			os.Remove(path)
+			if tc.kind == "fifo" {
+				if err := syscall.Mkfifo(path, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			} else if err := os.Symlink("/dev/urandom", path); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { _, err := Load(dir); done <- err }()
+			select {
+			case err := <-done:
+				if err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "not a regular file") {
+					t.Fatalf("Load with %s as a %s: %v; want an error naming it as not a regular file", tc.file, tc.kind, err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatalf("Load with %s as a %s: still blocked after 5 s", tc.file, tc.kind)
+			}
+		})
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 func TestNonFinite(t *testing.T) {
@@ -141,5 +142,57 @@ func TestMismatches(t *testing.T) {
 	got := w.Mismatches(&big)
 	if len(got) != len(m) || !strings.Contains(got[0], `tensor "model.embed_tokens.weight": shape [64 128], want [64 4096]`) {
 		t.Fatalf("Mismatches of a config claiming 1000 layers of hidden 4096: %d problems, first %q; want %d, the first naming the embedding's shape", len(got), got[0], len(m))
+	}
+}
+
+// A checkpoint file that is not a regular file (a FIFO no one writes, a
+// link to an endless device) is refused at once, naming it: the loader
+// never waits on it or reads it without end.
+func TestHostileCheckpointFiles(t *testing.T) {
+	c, err := Preset("tiny", 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ file, kind string }{
+		{"config.json", "fifo"}, {"config.json", "urandom"}, {"generation_config.json", "fifo"},
+		{"model.safetensors", "fifo"}, {"model.safetensors", "urandom"}, {"model.safetensors.index.json", "fifo"},
+	} {
+		t.Run(tc.file+" "+tc.kind, func(t *testing.T) {
+			dir := t.TempDir()
+			b, _ := c.MarshalJSON()
+			os.WriteFile(filepath.Join(dir, "config.json"), b, 0o644)
+			os.WriteFile(filepath.Join(dir, "model.safetensors"), nil, 0o644)
+			path := filepath.Join(dir, tc.file)
+			os.Remove(path)
+			if tc.kind == "fifo" {
+				if err := syscall.Mkfifo(path, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			} else if err := os.Symlink("/dev/urandom", path); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() {
+				cfg, err := LoadConfig(dir)
+				if err == nil {
+					_, err = EOS(dir, cfg)
+				}
+				if err == nil {
+					var w *Weights
+					if w, err = OpenWeights(dir); err == nil {
+						w.Close()
+					}
+				}
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "not a regular file") {
+					t.Fatalf("loading with %s as a %s: %v; want an error naming it as not a regular file", tc.file, tc.kind, err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatalf("loading with %s as a %s: still blocked after 5 s", tc.file, tc.kind)
+			}
+		})
 	}
 }
