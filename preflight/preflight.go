@@ -161,14 +161,15 @@ func (c *Check) Policy(key, dir string) (Policy, bool) {
 			}
 		}
 	}
+	var sums string // the summary's line on the checksums
 	switch names, err := hfmodel.VerifyChecksums(dir, nil); {
 	case errors.Is(err, hfmodel.ErrNoChecksums):
-		c.Line("checksums    none: a checkpoint from elsewhere, its files cannot be checked for corruption")
+		sums = "none: a checkpoint from elsewhere, its files cannot be checked for corruption"
 	case err != nil:
 		c.Problem("%s: %v", key, err)
 		ok = false
 	default:
-		c.Line("checksums    %d files match %s", len(names), hfmodel.ChecksumFile)
+		sums = fmt.Sprintf("%d files match %s", len(names), hfmodel.ChecksumFile)
 	}
 	arch := fmt.Sprintf("Qwen2, %d parameters = %s (%d layers, hidden %d, %d/%d attention/KV heads, vocabulary %d), context %d",
 		size.Params, HumanCount(size.Params), cfg.NumHiddenLayers, cfg.HiddenSize, cfg.NumAttentionHeads, cfg.NumKeyValueHeads, cfg.VocabSize, cfg.MaxPositionEmbeddings)
@@ -176,6 +177,9 @@ func (c *Check) Policy(key, dir string) (Policy, bool) {
 	c.Line("             %s", arch)
 	if tok != nil {
 		c.Line("tokenizer    %d ids", tok.VocabSize())
+	}
+	if sums != "" {
+		c.Line("checksums    %s", sums)
 	}
 	return size, ok
 }
