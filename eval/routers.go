@@ -12,7 +12,6 @@ import (
 	"hash/fnv"
 	"maps"
 	"math"
-	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -20,6 +19,7 @@ import (
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/dist"
 	"github.com/recal-project/recal/embed"
+	"github.com/recal-project/recal/internal/inputfile"
 	"github.com/recal-project/recal/llmpool"
 	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/router"
@@ -350,7 +350,7 @@ func newKNN(s Setup) (Router, error) {
 	if s.KNNLog == "" {
 		return nil, fmt.Errorf("eval: router knn needs logged outcomes: --knn-log RUN_DIR/rollouts.jsonl")
 	}
-	f, err := os.Open(s.KNNLog)
+	f, err := inputfile.Open(s.KNNLog)
 	if err != nil {
 		return nil, fmt.Errorf("eval: knn: %w", err)
 	}
