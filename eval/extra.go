@@ -6,6 +6,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
+	"github.com/recal-project/recal/internal/inputfile"
 	"github.com/recal-project/recal/llmpool"
 )
 
@@ -16,7 +17,11 @@ func LoadExtraModels(path string) ([]llmpool.ModelConfig, error) {
 	var f struct {
 		Models []llmpool.ModelConfig `toml:"models"`
 	}
-	md, err := toml.DecodeFile(path, &f)
+	b, err := inputfile.ReadFile(path, inputfile.ConfigLimit)
+	if err != nil {
+		return nil, fmt.Errorf("eval: %w", err)
+	}
+	md, err := toml.Decode(string(b), &f)
 	if err != nil {
 		return nil, fmt.Errorf("eval: %s: %w", path, err)
 	}
