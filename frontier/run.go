@@ -37,7 +37,8 @@ type Options struct {
 	Thresholds []float64
 	// NoCascade leaves the cascade out.
 	NoCascade bool
-	// Checkpoints are RL policies, each one point of family "policy".
+	// Checkpoints are RL policies, each one point of family "policy": a
+	// checkpoint folder, or a run folder (its checkpoints/best, else last).
 	Checkpoints []string
 	Log         *slog.Logger
 	Progress    func(router string, done, total int)
@@ -185,7 +186,11 @@ func Run(ctx context.Context, cfg config.Config, qs []data.Example, o Options) (
 
 // policyPoint evaluates RL checkpoint ck's policy router into dir.
 func policyPoint(ctx context.Context, cfg config.Config, qs []data.Example, ck, dir string, o Options) (Point, error) {
-	s, closeAll, err := table1.OpenSetup(cfg, ck, qs, o.Log)
+	path, _, err := rollout.ResolveCheckpoint(ck) // a run folder: its checkpoints/best, else last
+	if err != nil {
+		return Point{}, fmt.Errorf("frontier: --checkpoints %s: %w", ck, err)
+	}
+	s, closeAll, err := table1.OpenSetup(cfg, path, qs, o.Log)
 	if err != nil {
 		return Point{}, fmt.Errorf("frontier: --checkpoints %s: %w", ck, err)
 	}
