@@ -90,31 +90,42 @@ func (r *ReplayConfig) validate() error {
 // replay answers a call about question q with what the log's model said to
 // q. No network; the same call always gets the same reply.
 type replay struct {
-	name string
-	cfg  ReplayConfig
-	log  *outcomes.Log
+	name   string
+	cfg    ReplayConfig
+	log    *outcomes.Log
+	render *ReplayRenderer
 }
 
-// logBook reads each outcome log once per New, however many models use it.
-type logBook map[string]*outcomes.Log
+// logBook reads each outcome log once per New, however many models use it,
+// with one renderer per log (its answer bank is the log's).
+type logBook map[string]*ReplayRenderer
 
 func (b logBook) open(path string) (*outcomes.Log, error) {
-	if l, ok := b[path]; ok {
-		return l, nil
+	r, err := b.renderer(path)
+	if err != nil {
+		return nil, err
+	}
+	return r.log, nil
+}
+
+func (b logBook) renderer(path string) (*ReplayRenderer, error) {
+	if r, ok := b[path]; ok {
+		return r, nil
 	}
 	l, err := outcomes.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
-	b[path] = l
-	return l, nil
+	b[path] = NewReplayRenderer(l)
+	return b[path], nil
 }
 
 func newReplay(m ModelConfig, env providerEnv) (provider, error) {
-	l, err := env.logs.open(m.Replay.Log)
+	rr, err := env.logs.renderer(m.Replay.Log)
 	if err != nil {
 		return nil, fmt.Errorf("replay.log: %w", err)
 	}
+	l := rr.log
 	models := l.Models()
 	found := false
 	for _, name := range models {
@@ -123,7 +134,7 @@ func newReplay(m ModelConfig, env providerEnv) (provider, error) {
 	if !found {
 		return nil, fmt.Errorf("replay.model: %s has no rows of model %q (models in the log: %s)", m.Replay.Log, m.Replay.Model, strings.Join(models, ", "))
 	}
-	return &replay{name: m.Name, cfg: *m.Replay, log: l}, nil
+	return &replay{name: m.Name, cfg: *m.Replay, log: l, render: rr}, nil
 }
 
 func (r *replay) close() {}
@@ -148,7 +159,7 @@ func (r *replay) complete(ctx context.Context, call providerCall) (completion, e
 	if !ok {
 		return completion{Attempts: 1}, fmt.Errorf("%w in %s for question %q, model %q", ErrReplayMissing, r.cfg.Log, q.ID, r.cfg.Model)
 	}
-	text := strings.TrimSpace(cutRunes(strings.TrimSpace(rendererOf(r.log).Text(row, r.cfg.Render)), r.cfg.MaxReplyChars))
+	text := strings.TrimSpace(cutRunes(strings.TrimSpace(r.render.Text(row, r.cfg.Render)), r.cfg.MaxReplyChars))
 	c := completion{Text: text, Attempts: 1}
 	if row.InputTokens != nil {
 		c.InputTokens = *row.InputTokens

@@ -38,15 +38,6 @@ type ReplayRenderer struct {
 // NewReplayRenderer returns the renderer of log l.
 func NewReplayRenderer(l *outcomes.Log) *ReplayRenderer { return &ReplayRenderer{log: l} }
 
-// renderers holds one renderer per log read by a pool (logBook), shared by
-// its models.
-var renderers sync.Map // *outcomes.Log → *ReplayRenderer
-
-func rendererOf(l *outcomes.Log) *ReplayRenderer {
-	r, _ := renderers.LoadOrStore(l, NewReplayRenderer(l))
-	return r.(*ReplayRenderer)
-}
-
 // Text is the reply row gives under a render mode (RenderText or
 // RenderJudgment), before it is cut to replay.max_reply_chars. In text mode
 // a row with reply text gives that text. Otherwise the reply is

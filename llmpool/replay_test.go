@@ -337,3 +337,18 @@ func TestBankAnswer(t *testing.T) {
 		}
 	}
 }
+
+// No reply text makes StatedAnswers panic or state an empty, multi-line or
+// overlong answer.
+func FuzzStatedAnswers(f *testing.F) {
+	for _, s := range []string{"", "Paris", `The flag is the "Red Ensign."`, "I'm sorry. \xff (BLM) \"", "a is b, c", "J. R. R. Tolkien.", "“unclosed", "((((", "is is is"} {
+		f.Add(s, "what is it")
+	}
+	f.Fuzz(func(t *testing.T, reply, question string) {
+		for _, a := range StatedAnswers(reply, question) {
+			if strings.TrimSpace(a) == "" || strings.ContainsAny(a, "\n\r\t") || len(strings.Fields(a)) > maxStatedWords {
+				t.Fatalf("StatedAnswers(%q) stated %q", reply, a)
+			}
+		}
+	})
+}
