@@ -22,6 +22,7 @@ import (
 
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/internal/hfmodel"
+	"github.com/recal-project/recal/internal/inputfile"
 	"github.com/recal-project/recal/tokenizer"
 	"github.com/recal-project/recal/torchbridge"
 	"github.com/recal-project/recal/trainer"
@@ -110,7 +111,7 @@ func Init(o Options) error {
 		dir = filepath.Dir(tokPath)
 	}
 	for _, f := range []string{"tokenizer.json", "tokenizer_config.json"} {
-		if b, err := os.ReadFile(filepath.Join(dir, f)); err == nil {
+		if b, err := inputfile.ReadFile(filepath.Join(dir, f), inputfile.TextLimit); err == nil {
 			p.Aux[f] = b
 		}
 	}
@@ -184,14 +185,18 @@ func trimCorpus(paths []string) ([]string, error) {
 					corpus = append(corpus, ex.Question, strings.Join(ex.Golden, "\n"))
 				}
 			case ".tmpl", ".txt":
-				b, err := os.ReadFile(path)
+				b, err := inputfile.ReadFile(path, inputfile.TextLimit)
 				if err != nil {
 					return err
 				}
 				corpus = append(corpus, string(b))
 			case ".toml":
 				var v map[string]any
-				if _, err := toml.DecodeFile(path, &v); err != nil {
+				b, err := inputfile.ReadFile(path, inputfile.ConfigLimit)
+				if err != nil {
+					return err
+				}
+				if _, err := toml.Decode(string(b), &v); err != nil {
 					return fmt.Errorf("%s: %w", path, err)
 				}
 				corpus = append(corpus, tomlStrings(v, nil)...)

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/recal-project/recal/internal/inputfile"
 )
 
 // Trimmed is a tokenizer restricted to the tokens a corpus needs.
@@ -56,7 +58,7 @@ func (tr *Trimmed) Save(dir string) error {
 // model trained from scratch then sees every kept token often enough to
 // learn its embedding, which copying a rare name out of the prompt needs.
 func (t *Tokenizer) Trim(corpus []string, maxVocab int) (*Trimmed, error) {
-	src, err := os.ReadFile(t.path)
+	src, err := inputfile.ReadFile(t.path, inputfile.TextLimit)
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: trim: %w", err)
 	}
@@ -184,7 +186,7 @@ func (t *Tokenizer) Trim(corpus []string, maxVocab int) (*Trimmed, error) {
 		return nil, err
 	}
 	cfgPath := filepath.Join(filepath.Dir(t.path), ConfigFile)
-	if b, err := os.ReadFile(cfgPath); err == nil {
+	if b, err := inputfile.ReadFile(cfgPath, inputfile.ConfigLimit); err == nil {
 		var cfg map[string]json.RawMessage
 		if err := json.Unmarshal(b, &cfg); err != nil {
 			return nil, fmt.Errorf("tokenizer: trim: %s: %w", cfgPath, err)
