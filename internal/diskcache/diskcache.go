@@ -24,6 +24,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+
+	"github.com/recal-project/recal/internal/inputfile"
 )
 
 // ErrReadOnly: Put was called on a read-only cache.
@@ -100,6 +102,11 @@ func Checksum(b []byte) string {
 	return hex.EncodeToString(sum[:])
 }
 
+// maxEntryBytes bounds an entry file read by Get: an entry holds one reply,
+// far smaller. A larger file, or one that is not a regular file (a FIFO
+// would block the read), is a miss that is logged.
+const maxEntryBytes = 64 << 20
+
 func (c *Cache) path(key string) string {
 	return filepath.Join(c.cfg.Dir, key[:2], key+".json")
 }
@@ -110,7 +117,7 @@ func (c *Cache) path(key string) string {
 // unless the cache is read-only.
 func (c *Cache) Get(key string, e Entry) bool {
 	p := c.path(key)
-	b, err := os.ReadFile(p)
+	b, err := inputfile.ReadFile(p, maxEntryBytes)
 	if err != nil {
 		if !errors.Is(err, fs.ErrNotExist) {
 			c.cfg.Log.Warn(c.cfg.Owner+": cache read failed", slog.String("path", p), slog.String("err", err.Error()))

@@ -7,7 +7,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // testEntry is an entry whose content checks itself, as the callers' do.
@@ -101,6 +103,33 @@ func TestGetChecksTheEnvelope(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// An entry that is a FIFO (a hostile cache folder) is a logged miss at
+// once; the read never blocks.
+func TestGetHostileEntry(t *testing.T) {
+	key, err := Key(struct{ V, Q string }{"3", "question"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	var logs bytes.Buffer
+	c := open(t, dir, true, &logs)
+	p := filepath.Join(dir, key[:2], key+".json")
+	os.MkdirAll(filepath.Dir(p), 0o755)
+	if err := syscall.Mkfifo(p, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan bool, 1)
+	go func() { var e testEntry; done <- c.Get(key, &e) }()
+	select {
+	case hit := <-done:
+		if hit || !strings.Contains(logs.String(), "not a regular file") {
+			t.Fatalf("Get of a FIFO entry: hit %v, logs %q; want a miss logged as not a regular file", hit, logs.String())
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Get of a FIFO entry still blocked after 5 s")
 	}
 }
 
