@@ -162,7 +162,7 @@ func (c *Check) Policy(key, dir string) (Policy, bool) {
 		}
 	}
 	var sums string // the summary's line on the checksums
-	switch names, err := hfmodel.VerifyChecksums(dir, nil); {
+	switch names, err := hfmodel.VerifyChecksums(dir, hfmodel.PolicyFile); {
 	case errors.Is(err, hfmodel.ErrNoChecksums):
 		sums = "none: a checkpoint from elsewhere, its files cannot be checked for corruption"
 	case err != nil:

@@ -463,3 +463,29 @@ func TestBadCalls(t *testing.T) {
 		t.Fatalf("cache Close after policy Close: %v", err)
 	}
 }
+
+// Options.Unchecked skips the checksums (a KL reference reloaded each step,
+// checked at its first load), not the checks before allocation.
+func TestLoadUnchecked(t *testing.T) {
+	dir, _ := savedTiny(t, false)
+	path := filepath.Join(dir, "config.json")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil { // the same config, other bytes
+		t.Fatal(err)
+	}
+	if _, err := torchbridge.LoadPolicy(dir, onDevice(torchbridge.Options{})); err == nil || !strings.Contains(err.Error(), "config.json: SHA-256") {
+		t.Fatalf("LoadPolicy of an edited folder: %v; want the checksum error", err)
+	}
+	p, err := torchbridge.LoadPolicy(dir, onDevice(torchbridge.Options{Unchecked: true}))
+	if err != nil {
+		t.Fatalf("LoadPolicy unchecked: %v; want the folder loaded", err)
+	}
+	p.Close()
+	editConfig(t, dir, func(m map[string]any) { m["num_hidden_layers"] = 1000 })
+	if _, err := torchbridge.LoadPolicy(dir, onDevice(torchbridge.Options{Unchecked: true})); err == nil || !strings.Contains(err.Error(), "is missing") {
+		t.Fatalf("LoadPolicy unchecked of a config claiming 1000 layers: %v; want the tensors' check", err)
+	}
+}

@@ -28,6 +28,11 @@ type Options struct {
 	// kernel of a GPU decode step is launched from the host. No effect on
 	// the CPU.
 	EagerDecode bool
+	// Unchecked skips LoadPolicy's check of the folder's checksums.sha256,
+	// for a folder checked by an earlier load and known unchanged since
+	// (the trainer's KL reference, reloaded each step). The checks of
+	// shapes and of non-finite weights still run.
+	Unchecked bool
 }
 
 func (o Options) withDefaults() Options {
@@ -162,8 +167,10 @@ func LoadPolicy(dir string, opt Options) (*Policy, error) {
 		}
 		return nil, fmt.Errorf("torchbridge: %s: %s%s", dir, bad[0], more)
 	}
-	if _, err := hfmodel.VerifyChecksums(dir, policyFile); err != nil && !errors.Is(err, hfmodel.ErrNoChecksums) {
-		return nil, err
+	if !opt.Unchecked {
+		if _, err := hfmodel.VerifyChecksums(dir, hfmodel.PolicyFile); err != nil && !errors.Is(err, hfmodel.ErrNoChecksums) {
+			return nil, err
+		}
 	}
 	p, err := NewPolicy(cfg, opt)
 	if err != nil {
@@ -179,13 +186,6 @@ func LoadPolicy(dir string, opt Options) (*Policy, error) {
 		}
 	}
 	return p, nil
-}
-
-// policyFile reports whether LoadPolicy reads a checkpoint's file name: all
-// but the optimizer's and the trainer's state, which LoadOptimizer and the
-// trainer check (a KL reference reloaded each step hashes no optimizer).
-func policyFile(name string) bool {
-	return name != "optimizer.safetensors" && name != "trainer_state.json"
 }
 
 func (p *Policy) loadWeights(w *hfmodel.Weights, dir string) error {

@@ -665,7 +665,11 @@ func openReference(dir string, opt torchbridge.Options, reload bool) (*reference
 	if err != nil {
 		return nil, err
 	}
-	r := &reference{dir: dir, opt: opt, resident: p}
+	// The reloads read a folder this first load checked and folderState
+	// then finds unchanged: its checksums are not hashed again each step.
+	reopt := opt
+	reopt.Unchecked = true
+	r := &reference{dir: dir, opt: reopt, resident: p}
 	if reload {
 		r.resident = nil
 		if err := p.Close(); err != nil {

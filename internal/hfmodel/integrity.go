@@ -51,6 +51,13 @@ func NonFinite(dtype string, b []byte) int64 {
 // too). A Hugging Face folder from elsewhere has none.
 const ChecksumFile = "checksums.sha256"
 
+// PolicyFile reports whether loading a checkpoint's policy reads its file
+// name: every file but the optimizer's and the trainer's state, which their
+// own loaders check.
+func PolicyFile(name string) bool {
+	return name != "optimizer.safetensors" && name != "trainer_state.json"
+}
+
 // ErrNoChecksums is returned by VerifyChecksums for a folder without
 // ChecksumFile.
 var ErrNoChecksums = errors.New("hfmodel: no " + ChecksumFile + " (a checkpoint from elsewhere; its files cannot be checked for corruption)")
