@@ -23,24 +23,40 @@ import (
 // every tensor with it: a NaN in the weights gives no error of its own,
 // only a policy that writes "!!!!!!!!".
 func NonFinite(dtype string, b []byte) int64 {
+	// An element is non-finite when its exponent bits are all set. Eight
+	// bytes at a time: a lane of y is zero exactly for such an element, and
+	// (y - ones) &^ y & highs is non-zero exactly when some lane is (the
+	// lanes' top bits are clear in y); only such words are looked at
+	// element by element.
+	var es int
+	var exp, ones, highs uint64
 	switch dtype {
 	case "F32":
-		for i := 0; i+4 <= len(b); i += 4 {
-			if binary.LittleEndian.Uint32(b[i:])&0x7f800000 == 0x7f800000 {
-				return int64(i / 4)
-			}
-		}
+		es, exp, ones, highs = 4, 0x7f800000_7f800000, 0x00000001_00000001, 0x80000000_80000000
 	case "BF16":
-		for i := 0; i+2 <= len(b); i += 2 {
-			if binary.LittleEndian.Uint16(b[i:])&0x7f80 == 0x7f80 {
-				return int64(i / 2)
-			}
-		}
+		es, exp, ones, highs = 2, 0x7f80_7f80_7f80_7f80, 0x0001_0001_0001_0001, 0x8000_8000_8000_8000
 	case "F16":
-		for i := 0; i+2 <= len(b); i += 2 {
-			if binary.LittleEndian.Uint16(b[i:])&0x7c00 == 0x7c00 {
-				return int64(i / 2)
-			}
+		es, exp, ones, highs = 2, 0x7c00_7c00_7c00_7c00, 0x0001_0001_0001_0001, 0x8000_8000_8000_8000
+	default:
+		return -1
+	}
+	i := 0
+	for ; i+8 <= len(b); i += 8 {
+		y := binary.LittleEndian.Uint64(b[i:])&exp ^ exp
+		if (y-ones)&^y&highs != 0 {
+			break
+		}
+	}
+	lane := exp & (1<<(8*es) - 1)
+	for ; i+es <= len(b); i += es {
+		var v uint64
+		if es == 4 {
+			v = uint64(binary.LittleEndian.Uint32(b[i:]))
+		} else {
+			v = uint64(binary.LittleEndian.Uint16(b[i:]))
+		}
+		if v&lane == lane {
+			return int64(i / es)
 		}
 	}
 	return -1

@@ -46,6 +46,35 @@ func TestNonFinite(t *testing.T) {
 			t.Errorf("%s: NonFinite = %d, want %d (a NaN in the weights must be found, a finite value never)", tc.name, got, tc.want)
 		}
 	}
+	// Eight bytes at a time: the first non-finite element is found at
+	// every position of a word, after any finite value (the largest
+	// finite exponents included).
+	for _, d := range []struct {
+		dtype      string
+		es         int
+		bad, large uint64
+	}{{"F32", 4, 0x7fc00000, 0x7f7fffff}, {"BF16", 2, 0xff80, 0x7f7f}, {"F16", 2, 0x7c01, 0x7bff}} {
+		for n := 1; n <= 19; n++ {
+			for at := -1; at < n; at++ {
+				b := make([]byte, n*d.es)
+				for i := range n {
+					v := d.large
+					if i%3 == 1 {
+						v = uint64(i)
+					}
+					if i == at {
+						v = d.bad
+					}
+					for k := range d.es {
+						b[i*d.es+k] = byte(v >> (8 * k))
+					}
+				}
+				if got := NonFinite(d.dtype, b); got != int64(at) {
+					t.Fatalf("%s: %d elements, non-finite at %d: NonFinite = %d", d.dtype, n, at, got)
+				}
+			}
+		}
+	}
 }
 
 // A checkpoint recal writes is checked file by file on load: a flipped
