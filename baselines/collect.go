@@ -101,6 +101,7 @@ func Collect(ctx context.Context, dir string, o CollectOptions) (CollectStats, e
 		return st, err
 	}
 	defer f.Close()
+	firstErr := "" // the first failed call's error
 	for lo := 0; lo < len(jobs); lo += o.Chunk {
 		part := jobs[lo:min(lo+o.Chunk, len(jobs))]
 		reqs := make([]llmpool.Request, len(part))
@@ -123,6 +124,9 @@ func Collect(ctx context.Context, dir string, o CollectOptions) (CollectStats, e
 				st.Failed++
 				if r.Err != nil {
 					out.Error = r.Err.Error()
+					if firstErr == "" {
+						firstErr = out.Error
+					}
 				}
 			} else {
 				out.Answer = o.Extract(r.Text)
@@ -146,11 +150,20 @@ func Collect(ctx context.Context, dir string, o CollectOptions) (CollectStats, e
 			o.Progress(st.Skipped+lo+len(part), st.Pairs)
 		}
 	}
+	if st.Failed > 0 && st.Failed == st.Asked {
+		// Nothing was collected: a key or an endpoint that cannot work,
+		// not a flaky call. The failures are in the file, asked again on
+		// the next run.
+		return st, fmt.Errorf("%w: all %d calls (first: %s)", ErrAllFailed, st.Failed, firstErr)
+	}
 	if st.Failed > 0 {
 		o.Log.Warn("collect: some calls failed; they score 0 and are asked again on the next run", "failed", st.Failed)
 	}
 	return st, nil
 }
+
+// ErrAllFailed: every call of a collect failed, so it collected nothing.
+var ErrAllFailed = errors.New("baselines: collect: every call failed; check the pool's API keys and endpoints")
 
 // claimFolder makes dir hold the outcomes of pool info: pool.json is
 // written if absent and must name the same pool if present.

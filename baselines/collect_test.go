@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -134,5 +136,37 @@ func TestCollectCancelled(t *testing.T) {
 	}
 	if _, err := LoadMatrix(t.TempDir()); !errors.Is(err, ErrNoOutcomes) || !strings.Contains(err.Error(), "recal collect") {
 		t.Errorf("empty folder: error %v, want ErrNoOutcomes naming recal collect", err)
+	}
+}
+
+// A collect whose every call fails (a wrong key: every call 401) is an
+// error naming the cause, not a success that collected nothing; the
+// failures stay in the file, asked again on the next run.
+func TestCollectAllFailed(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusUnauthorized)
+		fmt.Fprint(w, `{"error":{"message":"invalid api key","type":"invalid_request_error"}}`)
+	}))
+	defer srv.Close()
+	t.Setenv("RECAL_TEST_COLLECT_KEY", "sk-wrong")
+	cfg := llmpool.Defaults()
+	cfg.Cache = llmpool.CacheOff
+	cfg.Models = []llmpool.ModelConfig{{Name: "m", Description: "d", Provider: "openai",
+		OpenAI: &llmpool.OpenAIConfig{Model: "x", BaseURL: srv.URL, APIKeyEnv: "RECAL_TEST_COLLECT_KEY", MaxRetries: 0}}}
+	pool, err := llmpool.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	info, err := PoolIdentity(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := Collect(context.Background(), t.TempDir(), CollectOptions{Pool: pool, Info: info, Questions: questions(3), Extract: extract})
+	if !errors.Is(err, ErrAllFailed) || !strings.Contains(err.Error(), "all 3 calls") || !strings.Contains(err.Error(), "401") {
+		t.Fatalf("collect with every call refused: %v (stats %+v); want ErrAllFailed naming the count and the first error", err, st)
+	}
+	if strings.Contains(err.Error(), "sk-wrong") {
+		t.Errorf("error %q holds the key", err)
 	}
 }
