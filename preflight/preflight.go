@@ -258,7 +258,7 @@ func (c *Check) TestData(dc data.Config) {
 func (c *Check) Pool(pc llmpool.Config, rc router.Config) {
 	var infos []llmpool.ModelInfo
 	needs := map[string][]string{} // variable → models
-	why := map[string]error{}       // variable → what is wrong with it
+	why := map[string]error{}      // variable → what is wrong with it
 	var vars []string
 	c.Line("pool         %d models", len(pc.Models))
 	for _, m := range pc.Models {
