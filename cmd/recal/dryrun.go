@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"fmt"
 	"io"
 	"path/filepath"
 	"slices"
@@ -26,6 +28,21 @@ import (
 func dryRunMemory(c *pf.Check, cfg config.Config, m *hfmodel.Config, job pf.Job) {
 	if m != nil {
 		c.Memory(cfg, m, job)
+	}
+}
+
+// dryRunUntil runs a dry run, returning at once when ctx ends (the first
+// SIGINT or SIGTERM) with exit status 130: a dry run writes nothing, so
+// nothing needs stopping cleanly, and the process may exit while a check
+// still reads (the weights' non-finite check reads them all).
+func dryRunUntil(ctx context.Context, run func() error) error {
+	done := make(chan error, 1)
+	go func() { done <- run() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return exitError{code: 130, err: fmt.Errorf("dry run stopped: %w", context.Cause(ctx))}
 	}
 }
 

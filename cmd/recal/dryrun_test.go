@@ -1,12 +1,15 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
@@ -300,5 +303,30 @@ func TestEvalCheckpointRunFolder(t *testing.T) {
 				t.Fatalf("exit status %d, want %d, and output mentioning %q, not %q:\n%s\n%s", code, c.code, c.want, c.not, stdout, stderr)
 			}
 		})
+	}
+}
+
+// A dry run ends at the first SIGINT or SIGTERM (its context), with exit
+// status 130, even while a check still reads: before, "stopping cleanly"
+// was printed and the dry run went on reading.
+func TestDryRunUntilSignal(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	block := make(chan struct{})
+	defer close(block)
+	done := make(chan error, 1)
+	go func() { done <- dryRunUntil(ctx, func() error { <-block; return nil }) }()
+	cancel()
+	select {
+	case err := <-done:
+		var ee exitError
+		if !errors.As(err, &ee) || ee.code != 130 || !strings.Contains(err.Error(), "dry run stopped") {
+			t.Fatalf("dry run at the first signal: %v; want exit status 130 saying it stopped", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the dry run went on 5 s after its context ended")
+	}
+	want := errors.New("a problem")
+	if err := dryRunUntil(context.Background(), func() error { return want }); err != want {
+		t.Fatalf("dryRunUntil = %v; want the dry run's own result", err)
 	}
 }

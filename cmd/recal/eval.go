@@ -122,10 +122,11 @@ func runEval(ctx context.Context, cmd *cli.Command) error {
 			return err
 		}
 		cfg.Data.Test = names
-		return dryRunEval(os.Stdout, cfg, cmd.String("config"), ck, evalChoices{routers: routers, routersSet: cmd.IsSet("routers"),
+		choices := evalChoices{routers: routers, routersSet: cmd.IsSet("routers"),
 			extraModels: cmd.String("extra-models"), largest: cmd.String("largest"), selector: cmd.String("selector"),
 			knnLog: knnLogOf(cmd, ck), out: evalOut(cmd, ck, sel), routerDir: cmd.String("router-dir"),
-			sftCheckpoint: cmd.String("sft-checkpoint"), cotTemplate: cmd.String("cot-template")})
+			sftCheckpoint: cmd.String("sft-checkpoint"), cotTemplate: cmd.String("cot-template")}
+		return dryRunUntil(ctx, func() error { return dryRunEval(os.Stdout, cfg, cmd.String("config"), ck, choices) })
 	}
 	qs, sel, err := evalQuestions(cmd, cfg)
 	if err != nil {

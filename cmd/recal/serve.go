@@ -71,7 +71,7 @@ func runServe(ctx context.Context, cmd *cli.Command) error {
 		slog.Info("serving the run's checkpoint", "picked", which, "checkpoint", ck)
 	}
 	if cmd.Bool("dry-run") {
-		return dryRunServe(os.Stdout, cfg, cmd.String("config"), ck, name, cmd.String("trace"))
+		return dryRunUntil(ctx, func() error { return dryRunServe(os.Stdout, cfg, cmd.String("config"), ck, name, cmd.String("trace")) })
 	}
 	apiKey, err := cfg.Serve.APIKey()
 	if err != nil {

@@ -74,7 +74,9 @@ func trainCommand() *cli.Command {
 				runDir = filepath.Join("runs", name)
 			}
 			if cmd.Bool("dry-run") {
-				return dryRunTrain(os.Stdout, cfg, cmd.String("config"), runDir, cmd.Bool("resume"), world)
+				return dryRunUntil(ctx, func() error {
+					return dryRunTrain(os.Stdout, cfg, cmd.String("config"), runDir, cmd.Bool("resume"), world)
+				})
 			}
 			if cmd.Bool("allow-config-change") && !cmd.Bool("resume") {
 				return usageError{fmt.Errorf("train: --allow-config-change needs --resume")}
