@@ -345,12 +345,15 @@ __attribute__((target("avx512f,avx2,fma"))) inline __m512 bcast8(__m256 v) {
 // rows of the tile (2R, or 2R − 1 when its last pair is padding).
 template <int R, int C>
 __attribute__((target("avx512f,avx2,fma"))) void tile_avx512(const float* xp, int64_t KC, const float* W, int64_t ldw,
-                                                            int64_t K, const float* b, float* y, int64_t ldy, int rows) {
+                                                            int64_t K, const float* b, float* y, int64_t ldy, int rows,
+                                                            const float* next) {
   __m512 acc[R][C];
   _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
     _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
   int64_t full = K / 8;
   for (int64_t kc = 0; kc < full; kc++) {
+    if (next && kc % 2 == 0)  // one 64-byte line of each of the next 4 W rows per 16 k
+      _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) _mm_prefetch(reinterpret_cast<const char*>(next + c * ldw + kc * 8), _MM_HINT_T0);
     __m512 w[C];
     _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) w[c] = bcast8(_mm256_loadu_ps(W + c * ldw + kc * 8));
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
@@ -378,7 +381,8 @@ __attribute__((target("avx512f,avx2,fma"))) void tile_avx512(const float* xp, in
     }
 }
 
-using Tile512Fn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, const float*, float*, int64_t, int);
+using Tile512Fn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, const float*, float*, int64_t, int,
+                          const float*);
 
 // Tiles of up to 4 pairs (8 rows) × 4 outputs: 16 accumulators, 4 broadcast
 // W chunks and a pair of x in 32 registers.
@@ -413,10 +417,14 @@ void linear_on(LinearPath path, const float* x, int64_t M, int64_t K, const floa
         if (path == kAVX512) {
           for (int64_t n = n0; n < n1; n += 4) {
             int64_t c = std::min<int64_t>(4, n1 - n);
+            // The first tile of each 4 outputs fetches the next 4 rows of W
+            // (the head's W comes from memory once per step: without it the
+            // loads wait on it). Only a hint: no arithmetic changes.
+            const float* next = n + 8 <= N ? W + (n + 4) * K : nullptr;
             for (int64_t m = m0; m < m1; m += 8) {
               int rows = (int)std::min<int64_t>(8, m1 - m);
               kTiles512[(rows + 1) / 2 - 1][c - 1](xp.data() + (m / 2) * KC * 16, KC, W + n * K, K, K,
-                                                  b ? b + n : nullptr, y + m * N + n, N, rows);
+                                                  b ? b + n : nullptr, y + m * N + n, N, rows, m == m0 ? next : nullptr);
             }
           }
           continue;
