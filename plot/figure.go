@@ -61,18 +61,16 @@ type figure struct {
 	emphasis *series
 }
 
-// build makes the gonum plot and its legend. The legend is drawn beside the
-// plot rather than over the data, so it is kept out of p.Legend.
-func (f *figure) build() (*gplot.Plot, gplot.Legend, error) {
+// newPlot is a plot with recal's title style, axis labels, six nice ticks
+// on y and a grey grid, and an empty legend of recal's style (top left),
+// for the caller to fill: every figure of the package starts from it.
+func newPlot(title, xLabel, yLabel string) (*gplot.Plot, gplot.Legend) {
 	p := gplot.New()
-	p.Title.Text = f.title
+	p.Title.Text = title
 	p.Title.TextStyle.Font.Size = vg.Points(14)
 	p.Title.Padding = vg.Points(8)
-	p.X.Label.Text = f.xLabel
-	p.Y.Label.Text = f.yLabel
-	p.X.Label.TextStyle.Font.Size = vg.Points(12)
-	p.Y.Label.TextStyle.Font.Size = vg.Points(12)
-	p.X.Tick.Marker = niceTicks{want: 8}
+	p.X.Label.Text = xLabel
+	p.Y.Label.Text = yLabel
 	p.Y.Tick.Marker = niceTicks{want: 6}
 	grid := plotter.NewGrid()
 	grid.Vertical.Color = color.Gray{Y: 0xd8}
@@ -83,6 +81,16 @@ func (f *figure) build() (*gplot.Plot, gplot.Legend, error) {
 	leg.Top, leg.Left = true, true
 	leg.ThumbnailWidth = vg.Points(24)
 	leg.Padding = vg.Points(4)
+	return p, leg
+}
+
+// build makes the gonum plot and its legend. The legend is drawn beside the
+// plot rather than over the data, so it is kept out of p.Legend.
+func (f *figure) build() (*gplot.Plot, gplot.Legend, error) {
+	p, leg := newPlot(f.title, f.xLabel, f.yLabel)
+	p.X.Label.TextStyle.Font.Size = vg.Points(12)
+	p.Y.Label.TextStyle.Font.Size = vg.Points(12)
+	p.X.Tick.Marker = niceTicks{want: 8}
 
 	all := f.series
 	if f.emphasis != nil {

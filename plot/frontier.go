@@ -45,23 +45,9 @@ func Frontier(title string, series []FrontierSeries, dir, name string) ([]string
 	floor /= 10
 	x := func(c float64) float64 { return math.Max(c, floor) }
 
-	p := gplot.New()
-	p.Title.Text = title
-	p.Title.TextStyle.Font.Size = vg.Points(14)
-	p.Title.Padding = vg.Points(8)
-	p.X.Label.Text = "cost per question, USD (log scale)"
-	p.Y.Label.Text = "EM"
+	p, leg := newPlot(title, "cost per question, USD (log scale)", "EM")
 	p.X.Scale = gplot.LogScale{}
 	p.X.Tick.Marker = gplot.LogTicks{Prec: -1}
-	p.Y.Tick.Marker = niceTicks{want: 6}
-	grid := plotter.NewGrid()
-	grid.Vertical.Color = color.Gray{Y: 0xd8}
-	grid.Horizontal.Color = color.Gray{Y: 0xd8}
-	p.Add(grid)
-	leg := gplot.NewLegend()
-	leg.Top, leg.Left = true, true
-	leg.ThumbnailWidth = vg.Points(24)
-	leg.Padding = vg.Points(4)
 
 	lo, hi := math.Inf(1), math.Inf(-1)
 	for i, s := range series {
