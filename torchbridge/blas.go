@@ -146,6 +146,7 @@ func CurrentBLAS() BLASKernel {
 	k := BLASKernel{Core: core, Config: config, CPU: cpuModel()}
 	env, set := os.LookupEnv("OPENBLAS_CORETYPE")
 	replaced := os.Getenv(blasReplacedEnv)
+	better := betterKernel(core, cpuTier())
 	switch {
 	case core == "":
 		k.Why = "libtorch's BLAS does not report an OpenBLAS kernel"
@@ -155,15 +156,13 @@ func CurrentBLAS() BLASKernel {
 		k.Why = fmt.Sprintf("OPENBLAS_CORETYPE=%s in the environment, which OpenBLAS did not load (a name it does not know, or a kernel this CPU cannot run): it runs %s instead", env, core)
 	case set:
 		k.Why = fmt.Sprintf("OPENBLAS_CORETYPE=%s in the environment", env)
+	case autoOff() && better != "":
+		k.Why = fmt.Sprintf("OpenBLAS's own choice, kept by %s=off; this CPU runs %s", BLASAutoEnv, better)
 	case autoOff():
-		if better := betterKernel(core, cpuTier()); better != "" {
-			k.Why = fmt.Sprintf("OpenBLAS's own choice, kept by %s=off; this CPU runs %s", BLASAutoEnv, better)
-		} else {
-			k.Why = fmt.Sprintf("OpenBLAS's own choice, kept by %s=off", BLASAutoEnv)
-		}
-	case betterKernel(core, cpuTier()) != "":
+		k.Why = fmt.Sprintf("OpenBLAS's own choice, kept by %s=off", BLASAutoEnv)
+	case better != "":
 		// UseFastBLAS was not called (tests, libraries) or its re-exec failed.
-		k.Why = fmt.Sprintf("OpenBLAS's own choice; this CPU runs %s (recal's commands choose it)", betterKernel(core, cpuTier()))
+		k.Why = fmt.Sprintf("OpenBLAS's own choice; this CPU runs %s (recal's commands choose it)", better)
 	default:
 		k.Why = "OpenBLAS's own choice for this CPU"
 	}
