@@ -109,6 +109,12 @@ func TestUseFastBLAS(t *testing.T) {
 		}
 	}
 
+	// A name OpenBLAS does not know is kept (recal never rewrites a setting)
+	// and the log says OpenBLAS ran another kernel.
+	if got := blasIn(t, "OPENBLAS_CORETYPE=NoSuchCore"); !strings.HasPrefix(got.Why, "OPENBLAS_CORETYPE=NoSuchCore in the environment, which OpenBLAS did not load") {
+		t.Errorf("OPENBLAS_CORETYPE=NoSuchCore: got %s, want it kept and said not to be the kernel OpenBLAS loaded", got)
+	}
+
 	auto := blasIn(t)
 	want, wr := widest()
 	if rankOf(own.Core) >= wr {
