@@ -109,6 +109,28 @@ int rc_policy_set_checkpointing(rc_policy* p, int32_t on, char** err);
  * CPU. */
 int rc_policy_set_cuda_graphs(rc_policy* p, int32_t on, char** err);
 
+/* Kernel choices of the forward passes that do not backpropagate
+ * (decoding, scoring, the KL reference), a set of RC_KERNEL_* flags; all
+ * on by default (RC_KERNELS_DEFAULT). Turning one off runs the arithmetic
+ * the bridge ran before it existed, for comparisons on one machine:
+ *   RC_KERNEL_FUSED_PROJ: one product for the q, k and v projections and
+ *     one for the gate and up projections, and one rotary pass over q and
+ *     k together. Needs the fused layout: those weights then live in one
+ *     tensor per layer (each parameter a view of it), made at creation on a
+ *     CUDA device and, when this flag is set, on any other.
+ *   RC_KERNEL_GRAPH_SAMPLE: CUDA-graph decode steps also sample (temperature
+ *     1, no top-k, top-p or bans: a training rollout's setting) inside the
+ *     graph, with the uniform the eager choice would draw.
+ *   RC_KERNEL_F32_PREFILL_MATMUL: float32 prefills on a GPU attend by matrix
+ *     products rather than the fused kernel (faster there: the fused
+ *     kernels run float32 without tensor cores and on keys copied per
+ *     query head). */
+#define RC_KERNEL_FUSED_PROJ 1
+#define RC_KERNEL_GRAPH_SAMPLE 2
+#define RC_KERNEL_F32_PREFILL_MATMUL 4
+#define RC_KERNELS_DEFAULT 7
+int rc_policy_set_kernels(rc_policy* p, int32_t flags, char** err);
+
 /* Counts of the policy's CUDA-graph decoding since it was created: graphs
  * captured, steps replayed. *graph_error is NULL, or (malloc'd, the caller
  * frees it) why a capture failed, after which the policy decodes eagerly. */
@@ -116,8 +138,10 @@ int rc_policy_graph_stats(rc_policy* p, int64_t* captures, int64_t* replays, cha
 
 /* The CUDA caching allocator's counters for device ("cuda", "cuda:N"), in
  * bytes: out[0] allocated now, out[1] peak allocated, out[2] reserved now,
- * out[3] peak reserved, the peaks since the last reset; reset_peak != 0
- * resets the peaks after reading. Fails in builds without CUDA. */
+ * out[3] peak reserved, the peaks since the last reset, out[4] the
+ * device's total memory and out[5] its free memory (cudaMemGetInfo);
+ * reset_peak != 0 resets the peaks after reading. Fails in builds without
+ * CUDA. */
 int rc_device_memory(const char* device, int32_t reset_peak, int64_t* out, char** err);
 
 /* *out = 1 when the policy decodes by the row-invariant kernels

@@ -35,6 +35,11 @@ struct rc_error : std::runtime_error {
 // Indices into rc_policy::params for one decoder layer.
 struct Layer {
   int in_norm, q_w, q_b, k_w, k_b, v_w, v_b, o_w, post_norm, gate, up, down;
+  // The fused layout (fuse_layout, recal_model.cc): q, k and v's weights
+  // (rows stacked in that order) and biases, and gate and up's weights, each
+  // group one tensor whose row ranges the parameters are views of.
+  // Undefined without it.
+  torch::Tensor qkv_w, qkv_b, gate_up;
 };
 
 // Sets OpenBLAS's thread count to the calling thread's libtorch thread
@@ -99,6 +104,8 @@ struct rc_policy {
   // CUDA-graph decoding (rc_policy_set_cuda_graphs; recal_model.cc): on
   // unless turned off or a capture failed (graph_error says why).
   bool cuda_graphs = true;
+  // RC_KERNEL_* flags (rc_policy_set_kernels).
+  int32_t kernels = RC_KERNELS_DEFAULT;
   int64_t graph_captures = 0, graph_replays = 0;
   std::string graph_error;
 

@@ -63,11 +63,46 @@ std::pair<Tensor, Tensor> rope(const rc_policy& p, const Tensor& pos) {
   return {emb.cos().to(p.dtype), emb.sin().to(p.dtype)};
 }
 
+// Set on the calling thread while forward_full runs a pass that
+// backpropagates, so that its checkpointed layers' forwards (autograd runs
+// them with gradients off) keep the arithmetic their recomputation in the
+// backward repeats.
+thread_local bool tl_training = false;
+
+struct TrainingPass {
+  bool prev;
+  explicit TrainingPass(bool on) : prev(tl_training) { tl_training = prev || on; }
+  ~TrainingPass() { tl_training = prev; }
+};
+
+// A forward pass nothing backpropagates through: decoding, scoring, the KL
+// reference. Only these take the RC_KERNEL_* choices.
+bool inference_pass() { return !torch::GradMode::is_enabled() && !tl_training; }
+
+// Whether a forward pass runs the fused projections (RC_KERNEL_FUSED_PROJ):
+// the layout has them and this is an inference pass (the fused tensors are
+// not the parameters autograd tracks).
+bool fused_proj(const rc_policy& p, const Layer& ly) {
+  return (p.kernels & RC_KERNEL_FUSED_PROJ) && ly.qkv_w.defined() && inference_pass();
+}
+
 // Projects h [n, L, H] to rotated q [n, L, heads, hd] and k, v [n, L, kv, hd].
 void qkv(const rc_policy& p, const Layer& ly, const Tensor& h, const Tensor& cos, const Tensor& sin, Tensor& q,
          Tensor& k, Tensor& v) {
   const auto& c = p.cfg;
   auto n = h.size(0), L = h.size(1);
+  if (fused_proj(p, ly)) {
+    // One product for q, k and v, and one rotary pass over q and k (each
+    // element's arithmetic that of the separate passes below).
+    auto heads = c.num_attention_heads, kvh = c.num_key_value_heads, hd = c.head_dim;
+    auto y = torch::linear(h, ly.qkv_w, ly.qkv_b);  // [n, L, (heads + 2 kv) * hd]
+    auto qk = y.narrow(-1, 0, (heads + kvh) * hd).view({n, L, heads + kvh, hd});
+    qk = qk * cos.unsqueeze(2) + rotate_half(qk) * sin.unsqueeze(2);
+    q = qk.narrow(2, 0, heads);
+    k = qk.narrow(2, heads, kvh);
+    v = y.narrow(-1, (heads + kvh) * hd, kvh * hd).view({n, L, kvh, hd});
+    return;
+  }
   q = torch::linear(h, p.P(ly.q_w), p.P(ly.q_b)).view({n, L, c.num_attention_heads, c.head_dim});
   k = torch::linear(h, p.P(ly.k_w), p.P(ly.k_b)).view({n, L, c.num_key_value_heads, c.head_dim});
   v = torch::linear(h, p.P(ly.v_w), p.P(ly.v_b)).view({n, L, c.num_key_value_heads, c.head_dim});
@@ -75,6 +110,16 @@ void qkv(const rc_policy& p, const Layer& ly, const Tensor& h, const Tensor& cos
   q = q * c4 + rotate_half(q) * s4;
   k = k * c4 + rotate_half(k) * s4;
 }
+
+#ifdef RECAL_SDPA
+// Whether attention over L > 1 queries on a GPU runs by matrix products
+// rather than the fused kernel: a float32 pass that does not backpropagate
+// (a prefill, scoring) with RC_KERNEL_F32_PREFILL_MATMUL. Its mask is then
+// explicit (an undefined one means no mask, not causal).
+bool prefill_by_matmul(const rc_policy& p, int64_t L) {
+  return L > 1 && p.dtype == torch::kFloat32 && (p.kernels & RC_KERNEL_F32_PREFILL_MATMUL) && inference_pass();
+}
+#endif
 
 // Grouped-query attention. q [n, L, heads, hd]; k, v [n, T, kv, hd];
 // mask additive float32 broadcastable to [n, kv, group, L, T], or undefined:
@@ -87,7 +132,7 @@ Tensor attend(const rc_policy& p, const Tensor& q, const Tensor& k, const Tensor
   auto n = q.size(0), L = q.size(1), T = k.size(1);
   auto kv = c.num_key_value_heads, g = c.num_attention_heads / kv, hd = c.head_dim;
 #ifdef RECAL_SDPA
-  if (p.device.is_cuda()) {
+  if (p.device.is_cuda() && !prefill_by_matmul(p, L)) {
     if (!mask.defined() && L == T && L > 1) {
       // Causal self-attention of a whole sequence: each query head gets its
       // kv head's keys (an expanded copy), so that the flash kernel's
@@ -123,6 +168,13 @@ Tensor attend(const rc_policy& p, const Tensor& q, const Tensor& k, const Tensor
 }
 
 Tensor mlp(const rc_policy& p, const Layer& ly, const Tensor& h) {
+  if (fused_proj(p, ly)) {  // one product for gate and up
+    auto I = p.cfg.intermediate_size;
+    auto gu = torch::linear(h, ly.gate_up);  // [n, L, 2I]
+    auto a = torch::silu(gu.narrow(-1, 0, I));
+    a.mul_(gu.narrow(-1, I, I));
+    return torch::linear(a, p.P(ly.down));
+  }
   auto a = torch::silu(torch::linear(h, p.P(ly.gate))) * torch::linear(h, p.P(ly.up));
   return torch::linear(a, p.P(ly.down));
 }
@@ -253,6 +305,7 @@ struct Embedding : torch::autograd::Function<Embedding> {
 // p.checkpoint_layers and autograd on, each layer is checkpointed
 // (CheckpointedLayer): activations of one layer at a time instead of all.
 Tensor forward_full(const rc_policy& p, const Tensor& tokens) {
+  TrainingPass training(torch::GradMode::is_enabled());
   auto T = tokens.size(1);
   const auto& W = p.P(p.embed);
   auto x = torch::GradMode::is_enabled() && W.requires_grad() ? Embedding::apply(W, tokens, &p)
@@ -265,7 +318,7 @@ Tensor forward_full(const rc_policy& p, const Tensor& tokens) {
   // (attend); elsewhere the mask is explicit.
   Tensor mask;
 #ifdef RECAL_SDPA
-  bool explicit_mask = !p.device.is_cuda();
+  bool explicit_mask = !p.device.is_cuda() || prefill_by_matmul(p, T);
 #else
   bool explicit_mask = true;
 #endif
@@ -415,9 +468,10 @@ struct DecodeGraphs {
   struct Graph {
     int64_t batch = 0, cols = 0;
     bool full = false;
-    Tensor in;      // [3, batch] int64: tokens, positions, cache rows
+    bool sample = false;  // the choice is a sample at temperature 1 (RC_KERNEL_GRAPH_SAMPLE), else greedy
+    Tensor in;      // [4, batch] int64: tokens, positions, cache rows, each row's uniform (float32 bits)
     Tensor logits;  // [batch, vocab] float32
-    Tensor packed;  // [2, batch] int32: the greedy token, its log-prob's bits
+    Tensor packed;  // [2, batch] int32: the chosen token, its log-prob's bits
     std::unique_ptr<at::cuda::CUDAGraph> graph;
   };
   std::vector<std::unique_ptr<Graph>> graphs;
@@ -480,7 +534,17 @@ void decode_body(const rc_policy& p, rc_cache& c, DecodeGraphs::Graph& g) {
   }
   auto hn = rms_norm(x.squeeze(1), p.P(p.norm), cfg.rms_norm_eps);
   g.logits = torch::linear(hn, p.P(p.lm_head)).to(torch::kFloat32);
-  auto next = g.logits.argmax(-1);
+  Tensor next;
+  if (g.sample) {
+    // choose_and_report's inverse-CDF draw at temperature 1, on the uniform
+    // it would draw (the host's, copied in with the tokens).
+    auto u = g.in[3].to(torch::kInt32).view(torch::kFloat32).view({B, 1});
+    auto cum = torch::softmax(g.logits, -1).cumsum(-1);
+    auto target = u * cum.narrow(1, cum.size(1) - 1, 1);
+    next = torch::searchsorted(cum, target, /*out_int32=*/false, /*right=*/true).squeeze(1).clamp_max(cum.size(1) - 1);
+  } else {
+    next = g.logits.argmax(-1);
+  }
   auto lp = g.logits.gather(1, next.unsqueeze(1)).squeeze(1) - torch::logsumexp(g.logits, -1);
   g.packed = torch::stack({next.to(torch::kInt32), lp.view(torch::kInt32)});
 }
@@ -496,12 +560,14 @@ std::vector<const void*> weight_ptrs(const rc_policy& p) {
 // warm-up's inputs. On failure the capture is ended, the policy's graphs
 // turned off with the reason kept, and nullptr returned: the step decodes
 // eagerly.
-DecodeGraphs::Graph* capture(rc_policy& p, rc_cache& c, int64_t batch, int64_t cols, bool full, const Tensor& in) {
+DecodeGraphs::Graph* capture(rc_policy& p, rc_cache& c, int64_t batch, int64_t cols, bool full, bool sample,
+                             const Tensor& in) {
   auto& gs = *c.graphs;
   auto g = std::make_unique<DecodeGraphs::Graph>();
   g->batch = batch;
   g->cols = cols;
   g->full = full;
+  g->sample = sample;
   g->in = in.to(p.device);
   auto idx = p.device.index();
   c10::cuda::device_synchronize();  // the cache's earlier writes, on the current stream, are done
@@ -562,27 +628,39 @@ bool graph_extend(rc_cache& c, int64_t n, const int64_t* rows, int64_t width, co
   int64_t longest = *std::max_element(lens.begin(), lens.end()) + 1;
   int64_t total = c.k[0].size(2), scratch = total - 1;
   int64_t cols = std::min(total, pow2_at_least(std::max<int64_t>(64, longest)));
-  std::vector<int64_t> host(3 * batch);
+  // A training rollout's plain sampling (temperature 1, nothing cut or
+  // banned) is drawn inside the graph; other sampling settings after it,
+  // on its logits (choose_and_report).
+  bool greedy = so->temperature <= 0 && !so->ban && !out_logits;
+  bool sample = (p.kernels & RC_KERNEL_GRAPH_SAMPLE) && so->temperature == 1.0 && so->top_k <= 0 &&
+                (so->top_p <= 0 || so->top_p >= 1) && !so->ban && !out_logits;
+  std::vector<int64_t> host(4 * batch);
   for (int64_t i = 0; i < batch; i++) {
     bool real = i < n;
     host[i] = real ? tokens[i] : 0;
     host[batch + i] = real ? lens[i] : scratch;
     host[2 * batch + i] = real ? rows[i] : 0;
+    float u = 0;
+    // The draw choose_and_report makes: the row's length after this step.
+    if (real && sample) u = recal::row_uniform(gen_seed, (uint64_t)(so->row_base + rows[i]), lens[i] + 1);
+    int32_t bits;
+    std::memcpy(&bits, &u, sizeof bits);
+    host[3 * batch + i] = bits;
   }
-  auto in = torch::from_blob(host.data(), {3, batch}, torch::TensorOptions().dtype(torch::kLong));
+  auto in = torch::from_blob(host.data(), {4, batch}, torch::TensorOptions().dtype(torch::kLong));
   c10::cuda::CUDAGuard device(p.device.index());
   DecodeGraphs::Graph* g = nullptr;
   for (auto& e : gs.graphs)
-    if (e->batch == batch && e->cols == cols && e->full == full) g = e.get();
+    if (e->batch == batch && e->cols == cols && e->full == full && e->sample == sample) g = e.get();
   if (!g) {
     if (gs.graphs.size() >= kMaxGraphs) return false;
-    if (!(g = capture(p, c, batch, cols, full, in))) return false;
+    if (!(g = capture(p, c, batch, cols, full, sample, in))) return false;
   }
   g->in.copy_(in);
   g->graph->replay();
   p.graph_replays++;
   for (int64_t i = 0; i < n; i++) c.len[rows[i]] += 1;
-  if (so->temperature <= 0 && !so->ban && !out_logits) {
+  if (greedy || sample) {
     auto packed = g->packed.narrow(1, 0, n).to(torch::kCPU).contiguous();
     const int32_t* pk = packed.data_ptr<int32_t>();
     std::memcpy(out_tokens, pk, sizeof(int32_t) * n);
@@ -597,9 +675,50 @@ bool graph_extend(rc_cache& c, int64_t n, const int64_t* rows, int64_t width, co
 }
 #endif
 
+// The fused layout: each layer's q, k and v weights (and biases) become row
+// ranges of one tensor, and its gate and up weights of another (Layer), the
+// parameters views of them, so that an inference pass runs one product
+// where it ran three or two (qkv, mlp), with no second copy of the weights.
+// The values, requires_grad and any pending .grad carry over; checkpoints
+// still name and hold each parameter apart.
+void fuse_layout(rc_policy& p) {
+  torch::NoGradGuard ng;
+  auto group = [&](std::initializer_list<int> idx, Tensor& base) {
+    std::vector<Tensor> parts;
+    for (int i : idx) parts.push_back(p.params[i].detach());
+    base = torch::cat(parts, 0);
+    int64_t off = 0;
+    for (int i : idx) {
+      auto& old = p.params[i];
+      auto rows = old.size(0);
+      auto view = base.narrow(0, off, rows);
+      off += rows;
+      Tensor grad = old.grad();
+      bool rg = old.requires_grad();
+      old = view;
+      if (rg) old.requires_grad_(true);
+      if (grad.defined()) old.mutable_grad() = grad;
+    }
+  };
+  for (auto& ly : p.layers) {
+    if (ly.qkv_w.defined()) continue;
+    group({ly.q_w, ly.k_w, ly.v_w}, ly.qkv_w);
+    group({ly.q_b, ly.k_b, ly.v_b}, ly.qkv_b);
+    group({ly.gate, ly.up}, ly.gate_up);
+  }
+}
+
 }  // namespace recal
 
 extern "C" {
+
+int rc_policy_set_kernels(rc_policy* p, int32_t flags, char** err) {
+  return guarded(err, [&] {
+    if (flags & ~RC_KERNELS_DEFAULT) fail("kernels: unknown flags " + std::to_string(flags & ~RC_KERNELS_DEFAULT));
+    if ((flags & RC_KERNEL_FUSED_PROJ) && !p->layers.empty() && !p->layers[0].qkv_w.defined()) fuse_layout(*p);
+    p->kernels = flags;
+  });
+}
 
 int rc_release_memory(char** err) { return guarded(err, [&] { trim_heap(); }); }
 
@@ -675,6 +794,10 @@ int rc_policy_new(const rc_config* cfg, const char* device, int32_t dtype, rc_po
     p->lm_head = c.tie_word_embeddings ? p->embed : p->add("lm_head.weight", {c.vocab_size, H});
     auto ar = torch::arange(0, c.head_dim, 2, torch::TensorOptions().dtype(torch::kFloat64));
     p->inv_freq = (1.0 / torch::pow(c.rope_theta, ar / (double)c.head_dim)).to(torch::kFloat32).to(p->device);
+    // On a GPU the fused layout from the start (elsewhere rc_policy_set_kernels
+    // makes it on request: the CPU's float32 decoding runs recal_rows.cc's
+    // kernels on the parameters as they are).
+    if (p->device.is_cuda()) fuse_layout(*p);
     set_trainable(*p, true);
     *out = p.release();
   });
@@ -723,6 +846,16 @@ int rc_device_memory(const char* device, int32_t reset_peak, int64_t* out, char*
     out[1] = st.allocated_bytes[agg].peak;
     out[2] = st.reserved_bytes[agg].current;
     out[3] = st.reserved_bytes[agg].peak;
+    size_t free_b = 0, total_b = 0;
+    {
+      c10::cuda::CUDAGuard guard(idx);
+      if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+        (void)cudaGetLastError();
+        fail("device memory: cudaMemGetInfo failed on " + std::string(device));
+      }
+    }
+    out[4] = (int64_t)total_b;
+    out[5] = (int64_t)free_b;
     if (reset_peak) c10::cuda::CUDACachingAllocator::resetPeakStats(idx);
 #else
     fail("device memory: this build has no CUDA (build against a CUDA libtorch, see LIBTORCH in docs/install.md)");
@@ -851,7 +984,7 @@ int rc_cache_extend(rc_cache* c, int64_t n, const int64_t* rows, int64_t width, 
     // says so (attend), and the causal kernel runs without a mask.
     bool causal = false;
 #ifdef RECAL_SDPA
-    causal = dev.is_cuda() && uniform && lens[0] == 0 && width > 1;
+    causal = dev.is_cuda() && uniform && lens[0] == 0 && width > 1 && !prefill_by_matmul(p, width);
 #endif
     if ((!uniform || width > 1) && !causal) {
       auto cols = torch::arange(tmax, li.device(dev));

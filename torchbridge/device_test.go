@@ -362,7 +362,7 @@ func TestDeviceGraphDecode(t *testing.T) {
 				toks [][]int32
 				logp [][]float32
 			}
-			run := func(graphs bool, rows []int, sample bool) out {
+			run := func(graphs bool, rows []int, sample string) out {
 				t.Helper()
 				if err := p.SetCUDAGraphs(graphs); err != nil {
 					t.Fatal(err)
@@ -373,15 +373,18 @@ func TestDeviceGraphDecode(t *testing.T) {
 				}
 				defer c.Close()
 				st := torchbridge.Step{Rows: rows, WantLogp: true, Seed: 11}
-				if sample {
+				switch sample {
+				case "bans":
 					st.Sampling = torchbridge.Sampling{Temperature: 1, TopP: 0.9}
+				case "plain": // drawn inside the graph (KernelGraphSample)
+					st.Sampling = torchbridge.Sampling{Temperature: 1, TopP: 1}
 				}
 				for _, row := range rows {
 					st.Tokens = append(st.Tokens, prompts[row]) // the prefill: eager (several tokens a row)
 				}
 				o := out{toks: make([][]int32, len(rows)), logp: make([][]float32, len(rows))}
 				for k := 0; k < steps; k++ {
-					if sample {
+					if sample == "bans" {
 						st.Ban = make([][]int32, len(rows))
 						for j := range rows {
 							st.Ban[j] = []int32{int32((k*7 + j) % 1024), int32((k*13 + 5*j) % 1024)}
@@ -402,11 +405,13 @@ func TestDeviceGraphDecode(t *testing.T) {
 			for _, tc := range []struct {
 				name   string
 				rows   []int
-				sample bool
+				sample string
 			}{
-				{"all rows, greedy", []int{0, 1, 2, 3, 4, 5}, false},
-				{"subset, greedy", []int{5, 1, 3}, false},
-				{"subset, sampled with bans", []int{4, 0, 2, 3, 5}, true},
+				{"all rows, greedy", []int{0, 1, 2, 3, 4, 5}, ""},
+				{"subset, greedy", []int{5, 1, 3}, ""},
+				{"subset, sampled with bans", []int{4, 0, 2, 3, 5}, "bans"},
+				{"all rows, sampled at temperature 1", []int{0, 1, 2, 3, 4, 5}, "plain"},
+				{"subset, sampled at temperature 1", []int{3, 0, 5}, "plain"},
 			} {
 				before, err := p.GraphStats()
 				if err != nil {

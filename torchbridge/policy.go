@@ -328,6 +328,41 @@ func (p *Policy) SetCUDAGraphs(on bool) error {
 	})
 }
 
+// Kernels are the kernel choices of a policy's inference passes (decoding,
+// scoring, the KL reference): a set of Kernel* flags, KernelsDefault at
+// creation. Training passes (the loss's forward and backward) are the same
+// whatever the set.
+type Kernels int32
+
+const (
+	// KernelFusedProj: one product for each layer's q, k and v projections
+	// and one for its gate and up projections, and one rotary pass over q
+	// and k. It needs the fused layout, in which those weights live in one
+	// tensor per layer and each parameter is a view of it (checkpoints
+	// still hold them apart): made at creation on a GPU and, when this flag
+	// is set, on the CPU.
+	KernelFusedProj Kernels = C.RC_KERNEL_FUSED_PROJ
+	// KernelGraphSample: CUDA-graph decode steps also draw the token when
+	// sampling at temperature 1 with no top-k, top-p or bans (a training
+	// rollout's setting), with the uniform the eager path would draw.
+	KernelGraphSample Kernels = C.RC_KERNEL_GRAPH_SAMPLE
+	// KernelF32PrefillMatmul: on a GPU, float32 passes of several tokens
+	// attend by matrix products, not the fused kernel (which runs float32
+	// without tensor cores, on keys copied per query head).
+	KernelF32PrefillMatmul Kernels = C.RC_KERNEL_F32_PREFILL_MATMUL
+	// KernelsDefault is every choice on.
+	KernelsDefault Kernels = C.RC_KERNELS_DEFAULT
+)
+
+// SetKernels sets the policy's kernel choices (Kernels); turning a choice
+// off runs the arithmetic the bridge ran before it, for comparisons.
+func (p *Policy) SetKernels(k Kernels) error {
+	return p.call(context.Background(), func(h *C.rc_policy) error {
+		var msg *C.char
+		return status(C.rc_policy_set_kernels(h, C.int32_t(k), &msg), msg)
+	})
+}
+
 // GraphStats counts a policy's CUDA-graph decoding since it was created.
 type GraphStats struct {
 	Captures int64 // graphs captured
@@ -359,20 +394,22 @@ func (p *Policy) GraphStats() (GraphStats, error) {
 type DeviceMemoryStats struct {
 	Allocated, PeakAllocated int64 // held by tensors: now, and the peak since the last reset
 	Reserved, PeakReserved   int64 // taken from the device by the allocator (cached blocks included)
+	Total, Free              int64 // the device's memory, and what is free on it (all processes')
 }
 
 // DeviceMemory reads the CUDA caching allocator's counters of device
 // ("cuda", "cuda:N"), then resets the peaks when resetPeak is set. It fails
 // in builds without CUDA.
 func DeviceMemory(device string, resetPeak bool) (DeviceMemoryStats, error) {
-	var out [4]C.int64_t
+	var out [6]C.int64_t
 	err := do(context.Background(), func() error {
 		d := C.CString(device)
 		defer C.free(unsafe.Pointer(d))
 		var msg *C.char
 		return status(C.rc_device_memory(d, cBool(resetPeak), &out[0], &msg), msg)
 	})
-	return DeviceMemoryStats{Allocated: int64(out[0]), PeakAllocated: int64(out[1]), Reserved: int64(out[2]), PeakReserved: int64(out[3])}, err
+	return DeviceMemoryStats{Allocated: int64(out[0]), PeakAllocated: int64(out[1]), Reserved: int64(out[2]), PeakReserved: int64(out[3]),
+		Total: int64(out[4]), Free: int64(out[5])}, err
 }
 
 // RowInvariant reports whether the policy decodes by the row-invariant
