@@ -333,7 +333,7 @@ type match struct {
 // and holds the same checkpoints, as closely as m says.
 func compareRuns(t *testing.T, a, b string, m match) {
 	t.Helper()
-	timing := map[string]bool{"step_time_s": true, "rollout_time_s": true, "tokens_per_s": true, "latency_ns": true}
+	timing := map[string]bool{"step_time_s": true, "rollout_time_s": true, "score_time_s": true, "update_time_s": true, "tokens_per_s": true, "latency_ns": true}
 	structure := map[string]bool{"step": true, "question_id": true, "group": true, "sample": true, "dataset": true}
 	for _, f := range []string{"sft.jsonl", "rollouts.jsonl", "metrics.jsonl", "validation.jsonl"} {
 		la, lb := readJSONL(t, filepath.Join(a, f)), readJSONL(t, filepath.Join(b, f))

@@ -33,6 +33,8 @@ type Metrics struct {
 	LR               float64            `json:"lr"`        // the policy's learning rate this step (train.lr_schedule)
 	StepTime         float64            `json:"step_time_s"`
 	RolloutTime      float64            `json:"rollout_time_s"` // wall time of the step's rollouts; with several ranks the slowest rank's (max over ranks)
+	ScoreTime        float64            `json:"score_time_s"`   // this rank's rewards, gather, KL reference scoring and advantages
+	UpdateTime       float64            `json:"update_time_s"`  // this rank's loss forwards and backwards, gradient reduction and optimizer steps
 	TokensPerSec     float64            `json:"tokens_per_s"`   // policy tokens generated and trained per second
 	PolicyTokens     float64            `json:"policy_tokens"`
 	Cost             float64            `json:"cost"` // USD spent on the pool this step
@@ -44,6 +46,13 @@ type Metrics struct {
 	// the same over the run so far.
 	SkippedUpdates      int `json:"skipped_updates"`
 	SkippedUpdatesTotal int `json:"skipped_updates_total"`
+
+	// DevicePeakGiB is, on a GPU, this rank's peak of memory held by tensors
+	// (the CUDA caching allocator's counter) in each phase of the step:
+	// rollout, reference (the KL reference's scoring), update (the loss's
+	// forwards and backwards) and step (reduction and optimizer step), the
+	// phases of the dry run's memory plan. Absent on the CPU.
+	DevicePeakGiB map[string]float64 `json:"device_peak_gib,omitempty"`
 
 	*PPOMetrics // train.algorithm "ppo" only: value loss, explained variance, …
 }

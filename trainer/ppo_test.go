@@ -142,7 +142,7 @@ func TestPPOResumeMatchesUninterrupted(t *testing.T) {
 	if len(a) != len(b) || len(a) != 4 {
 		t.Fatalf("uninterrupted run logged %d steps, resumed run %d; want 4", len(a), len(b))
 	}
-	timing := map[string]bool{"step_time_s": true, "rollout_time_s": true, "tokens_per_s": true}
+	timing := map[string]bool{"step_time_s": true, "rollout_time_s": true, "score_time_s": true, "update_time_s": true, "tokens_per_s": true}
 	for i := range a {
 		for k, v := range a[i] {
 			if !timing[k] && fmt.Sprint(v) != fmt.Sprint(b[i][k]) {

@@ -382,6 +382,7 @@ func (j *job) step(ctx context.Context) (*stepResult, error) {
 	// 1. Sample a batch of questions across datasets; every rank draws the
 	// same ones and takes its contiguous share of whole groups.
 	qs := j.sampler.Next(tc.BatchSize)
+	ph := newPhases(j.eng.Policy.Options().Device)
 	qlo, qhi := r.share(len(qs))
 	lo, hi := qlo*tc.GroupSize, qhi*tc.GroupSize // this rank's global rows
 
@@ -389,6 +390,7 @@ func (j *job) step(ctx context.Context) (*stepResult, error) {
 	// pool calls fanned out concurrently meanwhile). Rows sample as the
 	// same global rows of one process would.
 	local, rstats, err := j.rollEnv.RollRows(ctx, qs[qlo:qhi], tc.GroupSize, j.sampling, stepSeed(tc.Seed, step), true, lo)
+	ph.mark("rollout")
 	interrupted := false
 	if err != nil {
 		if ctx.Err() == nil {
@@ -436,10 +438,12 @@ func (j *job) step(ctx context.Context) (*stepResult, error) {
 	// From here on the step runs to its end even when interrupted, so a
 	// checkpoint never holds a half-applied update.
 	work := context.WithoutCancel(ctx)
+	ph.mark("score")  // the rewards and the gather
 	if j.ref != nil { // KL reference log-probs (a forward pass of the frozen policy)
 		if err := j.ref.score(work, seqs[lo:hi], tc.MicroBatch); err != nil {
 			return nil, err
 		}
+		ph.mark("reference")
 	}
 
 	// 5. The advantages the loss uses, computed on the whole batch on every
@@ -449,6 +453,7 @@ func (j *job) step(ctx context.Context) (*stepResult, error) {
 	if err := j.algo.advantages(work, j.eng.Policy, adv); err != nil {
 		return nil, err
 	}
+	ph.mark("score")
 
 	// 6. Loss and backward over this rank's micro-batches, scaled by the
 	// mini-batch's policy tokens over all ranks; then the gradients are
@@ -496,6 +501,7 @@ func (j *job) step(ctx context.Context) (*stepResult, error) {
 			}
 			mineLoss.Micro[mbi] = append(mineLoss.Micro[mbi], ls)
 		}
+		ph.mark("update")
 		// Collective: the sum of every rank's gradients, before clipping.
 		if err := r.grads.AllReduceGrads(work); err != nil {
 			return nil, err
@@ -510,6 +516,7 @@ func (j *job) step(ctx context.Context) (*stepResult, error) {
 				return nil, err
 			}
 		}
+		ph.mark("step")
 		if torchbridge.Skipped(gn) {
 			// A NaN/Inf gradient: the bridge left the weights and the
 			// optimizer untouched. Count it, say so, and stop after
@@ -537,6 +544,8 @@ func (j *job) step(ctx context.Context) (*stepResult, error) {
 	st.Step = step
 	m := stepMetrics(step, samples, rewards, adv.logged, loss, gradNorms, rstats, usage, len(qs), time.Since(t0), env.Pool.Models())
 	m.SkippedUpdates, m.SkippedUpdatesTotal = skipped, st.SkippedUpdates
+	m.ScoreTime, m.UpdateTime = ph.secs["score"]+ph.secs["reference"], ph.secs["update"]+ph.secs["step"]
+	m.DevicePeakGiB = ph.gib
 	m.LR = adam.LR
 	j.algo.metrics(adv, loss, &m)
 	return &stepResult{batch: adv, metrics: m}, nil

@@ -151,7 +151,7 @@ func TestResumeMatchesUninterrupted(t *testing.T) {
 			if len(a) != len(b) {
 				t.Fatalf("uninterrupted run logged %d steps, resumed run %d", len(a), len(b))
 			}
-			timing := map[string]bool{"step_time_s": true, "rollout_time_s": true, "tokens_per_s": true}
+			timing := map[string]bool{"step_time_s": true, "rollout_time_s": true, "score_time_s": true, "update_time_s": true, "tokens_per_s": true}
 			for i := range a {
 				for k, v := range a[i] {
 					if timing[k] {
@@ -160,6 +160,13 @@ func TestResumeMatchesUninterrupted(t *testing.T) {
 					if fmt.Sprint(v) != fmt.Sprint(b[i][k]) {
 						t.Errorf("step %v: %s = %v uninterrupted, %v resumed", a[i]["step"], k, v, b[i][k])
 					}
+				}
+				// The phases' times are each step's own; memory peaks are a GPU's.
+				if ut, _ := a[i]["update_time_s"].(float64); ut <= 0 || ut > a[i]["step_time_s"].(float64) {
+					t.Errorf("step %v: update_time_s %v, want within (0, step_time_s %v]", a[i]["step"], a[i]["update_time_s"], a[i]["step_time_s"])
+				}
+				if _, ok := a[i]["device_peak_gib"]; ok {
+					t.Errorf("step %v: device_peak_gib on the CPU", a[i]["step"])
 				}
 				if want := cfg.Train.LR * cfg.Train.LRFactor(i+1); math.Abs(a[i]["lr"].(float64)-want) > 1e-12*want {
 					t.Errorf("step %d: lr %v in metrics.jsonl, want train.lr × LRFactor = %v", i+1, a[i]["lr"], want)
