@@ -63,16 +63,28 @@ func Options(cfg config.Config, job Job, promptLen, capacity int, ctxLen int64) 
 	return o
 }
 
+// ReadDevice returns a GPU's total memory in bytes ("cuda", "cuda:N"); the
+// commands pass one that asks the device (torchbridge.DeviceMemory).
+type ReadDevice func(device string) (int64, error)
+
 // DeviceMemory is the memory a rank's policy may use on device, in bytes,
 // and where that number comes from: policy.device_memory when set, else on
-// the CPU the machine's MemTotal (meminfo is /proc/meminfo's text) divided
-// among the ranks that share it (world); 0 when unknown (a GPU without
-// policy.device_memory).
-func DeviceMemory(pc config.Policy, world int, meminfo string) (int64, string) {
+// a GPU the card's total memory as read (read, when not nil and the card
+// answers; each rank has a card of its own), else on the CPU the machine's
+// MemTotal (meminfo is /proc/meminfo's text) divided among the ranks that
+// share it (world); 0 when unknown (a GPU without policy.device_memory
+// that could not be read).
+func DeviceMemory(pc config.Policy, world int, meminfo string, read ReadDevice) (int64, string) {
 	if pc.DeviceMemory > 0 {
 		return int64(pc.DeviceMemory * (1 << 30)), "policy.device_memory"
 	}
 	if strings.HasPrefix(pc.Device, "cuda") {
+		if read == nil {
+			return 0, ""
+		}
+		if b, err := read(pc.Device); err == nil && b > 0 {
+			return b, pc.Device + "'s memory, as read"
+		}
 		return 0, ""
 	}
 	for _, l := range strings.Split(meminfo, "\n") {
@@ -104,7 +116,7 @@ func (c *Check) Memory(cfg config.Config, m *hfmodel.Config, job Job) {
 	}
 	o := Options(cfg, job, promptLen, c.capacity, c.ctxLen)
 	meminfo, _ := os.ReadFile("/proc/meminfo")
-	avail, source := DeviceMemory(cfg.Policy, o.World, string(meminfo))
+	avail, source := DeviceMemory(cfg.Policy, o.World, string(meminfo), c.readDevice)
 	plan := m.PlanMemory(o)
 	c.Line("memory       per rank (%s)", Describe(o, promptLen > 0))
 	for _, ph := range plan.Phases() {

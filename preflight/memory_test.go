@@ -86,11 +86,23 @@ func TestDeviceMemory(t *testing.T) {
 		{"set", config.Policy{Device: "cpu", DeviceMemory: 1.5}, 4, meminfo, 3 << 29, "policy.device_memory"},
 		{"gpu, unknown", config.Policy{Device: "cuda"}, 1, meminfo, 0, ""},
 		{"gpu, set", config.Policy{Device: "cuda:1", DeviceMemory: 80}, 8, meminfo, 80 << 30, "policy.device_memory"},
+		{"gpu, read", config.Policy{Device: "cuda:1"}, 8, meminfo, 79 << 30, "cuda:1's memory, as read"},
+		{"gpu, set wins over read", config.Policy{Device: "cuda", DeviceMemory: 40}, 1, meminfo, 40 << 30, "policy.device_memory"},
+		{"gpu, unreadable", config.Policy{Device: "cuda:7"}, 1, meminfo, 0, ""},
 		{"no meminfo", config.Policy{Device: "cpu"}, 1, "", 0, ""},
 		{"garbled meminfo", config.Policy{Device: "cpu"}, 1, "MemTotal: lots kB", 0, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			b, s := DeviceMemory(c.pc, c.world, c.meminfo)
+			read := func(dev string) (int64, error) {
+				if dev == "cuda:7" {
+					return 0, fmt.Errorf("no such device")
+				}
+				return 79 << 30, nil
+			}
+			if c.name == "gpu, unknown" {
+				read = nil
+			}
+			b, s := DeviceMemory(c.pc, c.world, c.meminfo, read)
 			if b != c.bytes || s != c.source {
 				t.Errorf("%d bytes from %q, want %d from %q", b, s, c.bytes, c.source)
 			}

@@ -51,7 +51,13 @@ type Check struct {
 	longest  string // the longest training question, by characters
 	ctxLen   int64  // the policy's context (max_position_embeddings)
 	capacity int    // a rollout row's response tokens (router.Config.Capacity)
+
+	readDevice ReadDevice // a GPU's memory, for the memory plan's verdict (ReadDeviceWith)
 }
+
+// ReadDeviceWith has the memory plan read a GPU's total memory with read
+// when policy.device_memory is not set.
+func (c *Check) ReadDeviceWith(read ReadDevice) { c.readDevice = read }
 
 // New starts the dry run of command ("train", "eval", …).
 func New(command string) *Check { return &Check{command: command} }

@@ -27,8 +27,16 @@ import (
 // when the checkpoint's shape was read (m).
 func dryRunMemory(c *pf.Check, cfg config.Config, m *hfmodel.Config, job pf.Job) {
 	if m != nil {
+		c.ReadDeviceWith(readDeviceMemory)
 		c.Memory(cfg, m, job)
 	}
+}
+
+// readDeviceMemory is a GPU's total memory, as CUDA reports it (an error in
+// a build without CUDA or with no such device).
+func readDeviceMemory(device string) (int64, error) {
+	st, err := torchbridge.DeviceMemory(device, false)
+	return st.Total, err
 }
 
 // dryRunUntil runs a dry run, returning at once when ctx ends (the first
