@@ -15,6 +15,11 @@
 #           in float32 and bfloat16 (see the stage for its variables)
 #   memory  bench/memory on the GPU (0.5B and 3B shapes, bfloat16) against the plan
 #   grpo05  GRPO steps of a random 0.5B-shaped policy, CUDA graphs on and off
+#   grpo    GRPO steps of random 0.5B- and 3B-shaped policies in bfloat16
+#           (GRPO_RUNS): per phase seconds and device-memory peaks against
+#           the dry run's plan of the same settings
+#   kernels decode and prefill speed with the policy's kernel choices off
+#           (-kernels 0) and on (the default), alternating, on one card
 #   headers libtorch's and CUDA's headers packed into $OUT (compile checks)
 #   train   recal policy init (make's $(INIT)), then recal train of recal.toml
 #           with SFT_STEPS and GRPO_STEPS, on cuda and on cpu (CPU_THREADS)
@@ -189,6 +194,65 @@ if has grpo05; then
       --set policy.device=cuda --set policy.dtype=bfloat16 --set sft.steps=0 --set train.steps="${GRPO05_STEPS:-3}" \
       --set train.warmup_steps=0 --set policy.eager_decode=$eager
     python3 bench/gpu/summary.py "runs/gpu-05b-$mode" "$LOGS/train-05b-$mode.log"
+  done
+fi
+
+# kernels: bench/gpu/speed with the policy's kernel choices off (-kernels
+# 0: the arithmetic before them) and on (the default), alternating on the
+# same card: bfloat16 decode of the 0.5B and 3B shapes at batch 1 and 64,
+# float32 prefill of small and 0.5B.
+if has kernels; then
+  go build -o bin/speed ./bench/gpu/speed || exit 1
+  kflags=(-min-time "${SPEED_MIN_TIME:-0.3s}")
+  for rep in 1 ${KERNELS_REPS:-}; do
+    for k in 0 7; do
+      run "kernels-$k-bf16-$rep" 120 ./bin/speed -device cuda -dtype bfloat16 -models 0.5b,3b -batches 1,64 -no-train 0.5b,3b -kernels $k "${kflags[@]}" &&
+        cat "$LOGS/kernels-$k-bf16-$rep.log"
+    done
+    for k in 0 7; do
+      run "kernels-$k-f32-$rep" 90 ./bin/speed -device cuda -dtype float32 -models small,0.5b -batches 1 -no-train small,0.5b -kernels $k "${kflags[@]}" &&
+        cat "$LOGS/kernels-$k-f32-$rep.log"
+    done
+  done
+fi
+
+# grpo: GRPO steps of random Qwen2.5-0.5B- and 3B-shaped policies (full
+# vocabulary) in bfloat16 on recal.toml's task (8 questions × 4 responses,
+# the simulated pool), one run per GRPO_RUNS entry SHAPE:CHECKPOINTING:MICRO
+# (shape 05b or 3b, checkpointing on or off, train.micro_batch): first the
+# dry run of the same settings (its memory plan per phase, the card's memory
+# read), then the run, stopped (SIGKILL) once GRPO_STEPS steps are in
+# metrics.jsonl, since the final checkpoint (3B: 6 GB of weights and 35 GB of
+# optimizer state) is not what is measured. Each step's line gives the
+# rollout, scoring and update seconds and each phase's device-memory peak.
+if has grpo; then
+  for spec in ${GRPO_RUNS:-3b:on:16 05b:on:16 05b:off:16 3b:off:2}; do
+    IFS=: read -r shape ck mb <<<"$spec"
+    preset=qwen2.5-0.5b
+    [ "$shape" = 3b ] && preset=qwen2.5-3b
+    onoff=false
+    [ "$ck" = on ] && onoff=true
+    name=$shape-$ck-$mb
+    if [ ! -f "runs/init/$shape/model.safetensors" ]; then
+      run "init-$shape" 150 ./bin/recal policy init --preset "$preset" --out "runs/init/$shape" --tokenizer tokenizer/qwen2.5 --seed 0 || continue
+    fi
+    sets=(--set policy.checkpoint="runs/init/$shape" --set policy.device=cuda --set policy.dtype=bfloat16 --set sft.steps=0
+      --set train.steps=100 --set train.warmup_steps=0 --set policy.gradient_checkpointing=$onoff --set train.micro_batch="$mb")
+    rm -rf "runs/gpu-$name"
+    run "dry-$name" 60 ./bin/recal train --config recal.toml --dry-run --run-dir "runs/gpu-$name" "${sets[@]}"
+    grep -A6 '^memory' "$LOGS/dry-$name.log"
+    steps=${GRPO_STEPS:-3}
+    run "train-$name" 240 bash -c '
+      m=$1/metrics.jsonl; shift
+      "$@" & pid=$!
+      while kill -0 $pid 2>/dev/null; do
+        if [ -f "$m" ] && [ "$(wc -l <"$m")" -ge '"$steps"' ]; then kill -9 $pid; wait $pid; exit 0; fi
+        sleep 0.5
+      done
+      wait $pid' _ "runs/gpu-$name" ./bin/recal train --config recal.toml --run-dir "runs/gpu-$name" "${sets[@]}"
+    python3 bench/gpu/summary.py "runs/gpu-$name" "$LOGS/train-$name.log"
+    cp "runs/gpu-$name/metrics.jsonl" "$LOGS/metrics-$name.jsonl" 2>/dev/null
+    rm -rf "runs/gpu-$name"
   done
 fi
 

@@ -53,7 +53,8 @@ def main():
         out["took"] = took
     steps = jsonl(os.path.join(run, "metrics.jsonl"))
     if steps:
-        keys = ["step", "f1", "loss", "kl", "grad_norm", "entropy", "step_time_s", "rollout_time_s", "tokens_per_s"]
+        keys = ["step", "f1", "loss", "kl", "grad_norm", "entropy", "step_time_s", "rollout_time_s", "score_time_s",
+                "update_time_s", "tokens_per_s", "policy_tokens", "device_peak_gib"]
         out["grpo"] = [{k: (round(r[k], 5) if isinstance(r.get(k), float) else r.get(k)) for k in keys} | {"ans": round(r["reward"]["ans"], 4), "format": round(r["reward"]["format"], 4)} for r in steps]
         n = len(steps)
         tail = steps[1:] if n > 1 else steps  # the first step warms up the kernels

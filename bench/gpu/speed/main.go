@@ -45,6 +45,8 @@ type result struct {
 	Params int64  `json:"params"` // elements, the output head counted once when tied
 	engine.Rates
 	Eager bool `json:"eager,omitempty"` // -eager: CUDA graphs off
+	// Kernels are the policy's kernel choices (-kernels, torchbridge.Kernels).
+	Kernels torchbridge.Kernels `json:"kernels"`
 	// Graphs: the CUDA graphs the decode measures captured and replayed,
 	// and why a capture failed ("" when none did).
 	Graphs *torchbridge.GraphStats `json:"graphs,omitempty"`
@@ -63,6 +65,7 @@ func main() {
 	batchList := flag.String("batches", "1,64", "comma-separated decode batch sizes")
 	noTrain := flag.String("no-train", "", "comma-separated models whose train step is skipped")
 	eager := flag.Bool("eager", false, "decode without CUDA graphs (torchbridge.Options.EagerDecode)")
+	kernels := flag.Int("kernels", int(torchbridge.KernelsDefault), "the policy's kernel choices, a sum of torchbridge.Kernel* flags (0: the arithmetic before any of them, for before/after comparisons in one call)")
 	bandwidth := flag.Float64("bandwidth", 3.35e12, "device memory bandwidth in bytes/s for bound_tok_s (H100 SXM: 3.35e12)")
 	threads := flag.Int("threads", 0, "CPU threads for libtorch (0 = all cores)")
 	minTime := flag.Duration("min-time", time.Second, "time each measure repeats for, at least")
@@ -90,7 +93,7 @@ func main() {
 			v = *fullVocab
 		}
 		o := engine.Options{Batches: batches, NoTrain: skip[m]}
-		r, err := measure(m, torchbridge.Options{Device: *device, DType: *dtype, EagerDecode: *eager}, v, *minTime, o, *bandwidth)
+		r, err := measure(m, torchbridge.Options{Device: *device, DType: *dtype, EagerDecode: *eager}, torchbridge.Kernels(*kernels), v, *minTime, o, *bandwidth)
 		if err != nil {
 			fail(fmt.Errorf("%s: %w", m, err))
 		}
@@ -140,7 +143,7 @@ func config(model string, vocab int64) (*hfmodel.Config, error) {
 	return hfmodel.Preset(preset, vocab)
 }
 
-func measure(model string, opts torchbridge.Options, vocab int64, minTime time.Duration, o engine.Options, bandwidth float64) (result, error) {
+func measure(model string, opts torchbridge.Options, kernels torchbridge.Kernels, vocab int64, minTime time.Duration, o engine.Options, bandwidth float64) (result, error) {
 	cfg, err := config(model, vocab)
 	if err != nil {
 		return result{}, err
@@ -150,12 +153,15 @@ func measure(model string, opts torchbridge.Options, vocab int64, minTime time.D
 		return result{}, err
 	}
 	defer p.Close()
+	if err := p.SetKernels(kernels); err != nil {
+		return result{}, err
+	}
 	rates, err := engine.Measure(context.Background(), p, rate(minTime), o)
 	if err != nil {
 		return result{}, err
 	}
 	res := result{Device: opts.Device, DType: opts.DType, Model: model, Vocab: vocab, Params: cfg.NumParams(), Rates: rates,
-		Eager: opts.EagerDecode, Bound: bounds(cfg, opts.DType, o.Batches, bandwidth)}
+		Eager: opts.EagerDecode, Kernels: kernels, Bound: bounds(cfg, opts.DType, o.Batches, bandwidth)}
 	if gs, err := p.GraphStats(); err == nil && (gs.Captures > 0 || gs.Error != "") {
 		res.Graphs = &gs
 	}
