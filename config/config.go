@@ -339,8 +339,9 @@ type Policy struct {
 	// in GiB, against which the dry runs (train, eval and serve --dry-run)
 	// check their memory plan (docs/memory.md): a GPU's memory, e.g. 80
 	// for an 80 GB card. 0: the machine's MemTotal for device "cpu" (shared
-	// by the ranks of a job on it), unknown for a GPU (the plan is printed
-	// without a verdict). Nothing else reads it.
+	// by the ranks of a job on it); for a GPU its memory as CUDA reports it,
+	// read by the dry run (unknown, the plan printed without a verdict, in a
+	// build without CUDA or where no GPU answers). Nothing else reads it.
 	DeviceMemory float64 `toml:"device_memory"`
 }
 
@@ -561,7 +562,7 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("policy.threads = %d: must be ≥ 0", c.Policy.Threads)
 	}
 	if c.Policy.DeviceMemory < 0 || math.IsNaN(c.Policy.DeviceMemory) || math.IsInf(c.Policy.DeviceMemory, 0) {
-		return fmt.Errorf("policy.device_memory = %g: must be a finite number of GiB ≥ 0 (0 = the machine's MemTotal on the CPU, unknown on a GPU)", c.Policy.DeviceMemory)
+		return fmt.Errorf("policy.device_memory = %g: must be a finite number of GiB ≥ 0 (0 = the machine's MemTotal on the CPU, the card's memory as read on a GPU)", c.Policy.DeviceMemory)
 	}
 	if c.Policy.RolloutWorkers < 0 {
 		return fmt.Errorf("policy.rollout_workers = %d: must be ≥ 0", c.Policy.RolloutWorkers)

@@ -15,11 +15,11 @@
 #           in float32 and bfloat16 (see the stage for its variables)
 #   memory  bench/memory on the GPU (0.5B and 3B shapes, bfloat16) against the plan
 #   grpo05  GRPO steps of a random 0.5B-shaped policy, CUDA graphs on and off
+#   kernels decode and prefill speed with the policy's kernel choices off
+#           (-kernels 0) and on (the default), alternating, on one card
 #   grpo    GRPO steps of random 0.5B- and 3B-shaped policies in bfloat16
 #           (GRPO_RUNS): per phase seconds and device-memory peaks against
 #           the dry run's plan of the same settings
-#   kernels decode and prefill speed with the policy's kernel choices off
-#           (-kernels 0) and on (the default), alternating, on one card
 #   headers libtorch's and CUDA's headers packed into $OUT (compile checks)
 #   train   recal policy init (make's $(INIT)), then recal train of recal.toml
 #           with SFT_STEPS and GRPO_STEPS, on cuda and on cpu (CPU_THREADS)
