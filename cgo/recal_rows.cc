@@ -370,6 +370,31 @@ __attribute__((target("avx512f,avx2,fma"))) void tile_avx512(const float* xp, in
       _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) acc[r][c] = _mm512_fmadd_ps(xv, w[c], acc[r][c]);
     }
   }
+  if constexpr (C == 4) {
+    // total8's tree for the 8 sums of a pair's 4 outputs at once: within
+    // each 8-lane half, a = l[j] + l[j+4] (128-bit lanes swapped and
+    // added), then (a0 + a2) and (a1 + a3) (unpacked pairs of outputs
+    // added), then their sum; the same additions in the same order as the
+    // scalar tree, so the same bits (rc_kernels_check compares them).
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+      __m512 s[4];
+      _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) s[c] =
+          _mm512_add_ps(acc[r][c], _mm512_shuffle_f32x4(acc[r][c], acc[r][c], _MM_SHUFFLE(2, 3, 0, 1)));
+      __m512 w01 = _mm512_add_ps(_mm512_unpacklo_ps(s[0], s[1]), _mm512_unpackhi_ps(s[0], s[1]));
+      __m512 w23 = _mm512_add_ps(_mm512_unpacklo_ps(s[2], s[3]), _mm512_unpackhi_ps(s[2], s[3]));
+      __m512 t = _mm512_add_ps(_mm512_shuffle_ps(w01, w23, _MM_SHUFFLE(1, 0, 1, 0)),
+                               _mm512_shuffle_ps(w01, w23, _MM_SHUFFLE(3, 2, 3, 2)));
+      __m128 lo = _mm512_castps512_ps128(t), hi = _mm512_extractf32x4_ps(t, 2);
+      if (b) {
+        __m128 bv = _mm_loadu_ps(b);
+        lo = _mm_add_ps(lo, bv);
+        hi = _mm_add_ps(hi, bv);
+      }
+      _mm_storeu_ps(y + (2 * r) * ldy, lo);
+      if (2 * r + 1 < rows) _mm_storeu_ps(y + (2 * r + 1) * ldy, hi);
+    }
+    return;
+  }
   _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
     _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) {
       float lo = total8(_mm512_castps512_ps256(acc[r][c]));
@@ -478,12 +503,18 @@ RowSample sample_row(const float* logits, int64_t V, const rc_sample_opts* so, c
                      bool want_logp, std::vector<float>& buf, std::vector<float>& buf2, std::vector<int64_t>& order) {
   const float ninf = -std::numeric_limits<float>::infinity();
   RowSample out;
-  buf.assign(logits, logits + V);  // the choice's logits
-  for (int64_t j = 0; j < nban; j++) buf[ban[j]] = ninf;
+  // Greedy reads the logits as they are unless tokens are banned; only a
+  // ban or sampling needs a copy of the row.
+  const float* choice = logits;
+  if (nban > 0 || so->temperature > 0) {
+    buf.assign(logits, logits + V);  // the choice's logits
+    for (int64_t j = 0; j < nban; j++) buf[ban[j]] = ninf;
+    choice = buf.data();
+  }
   if (so->temperature <= 0) {
     int64_t best = 0;
     for (int64_t v = 1; v < V; v++)
-      if (buf[v] > buf[best]) best = v;
+      if (choice[v] > choice[best]) best = v;
     out.next = (int32_t)best;
   } else {
     float T = (float)so->temperature;
@@ -662,10 +693,18 @@ void extend_rows(rc_cache& c, int64_t n, const int64_t* rows, int64_t width, con
   for (int64_t i = 0; i < n; i++) c.len[rows[i]] += counts[i];
 
   // Only the last new position of each row needs logits.
-  std::vector<float> hn(n * H), logits(n * V);
+  std::vector<float> hn(n * H);
+  // The logits live in a buffer of the calling thread kept between steps:
+  // a batch's logits over a full vocabulary are tens of MB, which the
+  // allocator would otherwise map, fault in and unmap every step. (The
+  // shares of a split call run on threads of their own.) Every element is
+  // written by linear; only the size matters.
+  thread_local std::vector<float> scratch;
+  if ((int64_t)scratch.size() < n * V) scratch.resize(n * V);
+  float* logits = scratch.data();
   const float* w_norm = data_f32(p.P(p.norm));
   for (int64_t i = 0; i < n; i++) rms_norm_row(&x[(off[i + 1] - 1) * H], w_norm, eps, H, &hn[i * H]);
-  linear(hn.data(), n, H, data_f32(p.P(p.lm_head)), V, nullptr, logits.data());
+  linear(hn.data(), n, H, data_f32(p.P(p.lm_head)), V, nullptr, logits);
 
   std::vector<float> uniforms(n);
   for (int64_t i = 0; i < n; i++) uniforms[i] = row_uniform(gen_seed, (uint64_t)(so->row_base + rows[i]), c.len[rows[i]]);
@@ -687,7 +726,7 @@ void extend_rows(rc_cache& c, int64_t n, const int64_t* rows, int64_t width, con
   });
   for (auto& e : errs)
     if (!e.empty()) fail(e);
-  if (out_logits) std::memcpy(out_logits, logits.data(), sizeof(float) * n * V);
+  if (out_logits) std::memcpy(out_logits, logits, sizeof(float) * n * V);
 }
 
 namespace {
