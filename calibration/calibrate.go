@@ -27,7 +27,7 @@ type Response struct {
 	// Dataset is the question's source dataset, the unit of step 5.
 	Dataset string
 	// Raw holds the raw reward components before gating, in Components order.
-	Raw [5]float64
+	Raw [NumComponents]float64
 }
 
 // DatasetStats are the statistics of step 5 for one dataset: the mean and
@@ -46,13 +46,13 @@ type Result struct {
 	// Advantages are the final Â, exactly what the loss uses.
 	Advantages []float64
 	// Gated are the reward components after step 1 (the raw ones when gating is off).
-	Gated [][5]float64
+	Gated [][NumComponents]float64
 	// Scalar is r = Σₘ λₘ r⁽ᵐ⁾ after gating (step 2).
 	Scalar []float64
 	// ComponentAdvantages are the unweighted per-component group advantages
 	// A⁽ᵐ⁾ = (r⁽ᵐ⁾ − μᵢ⁽ᵐ⁾)/(σᵢ⁽ᵐ⁾ + ε) of the gated rewards; computed for
 	// logging whether or not CAE is on, used only when it is.
-	ComponentAdvantages [][5]float64
+	ComponentAdvantages [][NumComponents]float64
 	// Clarity is A after step 3 (CAE or scalar GRPO advantage).
 	Clarity []float64
 	// Reweighted is A after step 4, τᵢ·A (equal to Clarity when reweighting is off).
@@ -96,9 +96,9 @@ func Calibrate(cfg Config, batch []Response) (Result, error) {
 	n := len(batch)
 	res := Result{
 		Advantages:          make([]float64, n),
-		Gated:               make([][5]float64, n),
+		Gated:               make([][NumComponents]float64, n),
 		Scalar:              make([]float64, n),
-		ComponentAdvantages: make([][5]float64, n),
+		ComponentAdvantages: make([][NumComponents]float64, n),
 		Clarity:             make([]float64, n),
 		Reweighted:          make([]float64, n),
 		Tau:                 make([]float64, n),
@@ -174,7 +174,7 @@ func Calibrate(cfg Config, batch []Response) (Result, error) {
 // gate is hierarchical gating (paper eq. "r⁽ᵐ⁾ = 𝕀(r⁽ᵃⁿˢ⁾ > δ)·r̃⁽ᵐ⁾"): each
 // gated component keeps its raw value when the answer reward is strictly
 // above δ and is 0 otherwise. The answer reward itself is never gated.
-func gate(raw [5]float64, gated [5]bool, delta float64) [5]float64 {
+func gate(raw [NumComponents]float64, gated [NumComponents]bool, delta float64) [NumComponents]float64 {
 	out := raw
 	if raw[Ans] > delta {
 		return out
@@ -191,7 +191,7 @@ func gate(raw [5]float64, gated [5]bool, delta float64) [5]float64 {
 // r = Σₘ λₘ r⁽ᵐ⁾ (paper §3) and the clarity advantage A = Σₘ λₘ A⁽ᵐ⁾ (paper
 // eq. "A^clarity"). The explicit conversion keeps it free of fused
 // multiply-adds, like the reference script.
-func weightedSum(w, x [5]float64) float64 {
+func weightedSum(w, x [NumComponents]float64) float64 {
 	var s float64
 	for m := range w {
 		s += float64(w[m] * x[m])
@@ -217,7 +217,7 @@ func groupAdvantages(members []int, eps float64, r, adv []float64) (mean, std fl
 // componentAdvantages is the component-wise advantage of paper §4 (CAE),
 // A⁽ᵐ⁾ = (r⁽ᵐ⁾ − μᵢ⁽ᵐ⁾)/(σᵢ⁽ᵐ⁾ + ε) with the population std, for component m
 // of the group's members.
-func componentAdvantages(members []int, m int, eps float64, r, adv [][5]float64) {
+func componentAdvantages(members []int, m int, eps float64, r, adv [][NumComponents]float64) {
 	xs := make([]float64, len(members))
 	for k, j := range members {
 		xs[k] = r[j][m]

@@ -21,12 +21,12 @@ const eps = 1e-6 // the default ε, used in the hand-computed expectations below
 // visibly zeroes them too, but weigh nothing.
 func handBatch() []Response {
 	return []Response{
-		{Group: 10, Dataset: "nq", Raw: [5]float64{1, 0, 1, 0.5, 0.2}},
-		{Group: 10, Dataset: "nq", Raw: [5]float64{0, 1, 1, 1, 0.9}},
-		{Group: 20, Dataset: "nq", Raw: [5]float64{1, 1, 1, 0, 0}},
-		{Group: 20, Dataset: "nq", Raw: [5]float64{0.5, 0, 0, 0, 0}},
-		{Group: 30, Dataset: "hotpotqa", Raw: [5]float64{1, 1, 1, 1, 1}},
-		{Group: 30, Dataset: "hotpotqa", Raw: [5]float64{1, 1, 1, 1, 1}},
+		{Group: 10, Dataset: "nq", Raw: [NumComponents]float64{1, 0, 1, 0.5, 0.2}},
+		{Group: 10, Dataset: "nq", Raw: [NumComponents]float64{0, 1, 1, 1, 0.9}},
+		{Group: 20, Dataset: "nq", Raw: [NumComponents]float64{1, 1, 1, 0, 0}},
+		{Group: 20, Dataset: "nq", Raw: [NumComponents]float64{0.5, 0, 0, 0, 0}},
+		{Group: 30, Dataset: "hotpotqa", Raw: [NumComponents]float64{1, 1, 1, 1, 1}},
+		{Group: 30, Dataset: "hotpotqa", Raw: [NumComponents]float64{1, 1, 1, 1, 1}},
 	}
 }
 
@@ -145,7 +145,7 @@ func TestCalibrateIntermediates(t *testing.T) {
 	}
 	// Gating zeroes every gated component of b (ans 0), including route and
 	// balance, and leaves the others alone.
-	wantGated := [][5]float64{{1, 0, 1, 0.5, 0.2}, {0, 0, 0, 0, 0}, {1, 1, 1, 0, 0}, {0.5, 0, 0, 0, 0}, {1, 1, 1, 1, 1}, {1, 1, 1, 1, 1}}
+	wantGated := [][NumComponents]float64{{1, 0, 1, 0.5, 0.2}, {0, 0, 0, 0, 0}, {1, 1, 1, 0, 0}, {0.5, 0, 0, 0, 0}, {1, 1, 1, 1, 1}, {1, 1, 1, 1, 1}}
 	for j := range wantGated {
 		if res.Gated[j] != wantGated[j] {
 			t.Errorf("Gated[%d] = %v, want %v", j, res.Gated[j], wantGated[j])
@@ -164,7 +164,7 @@ func TestCalibrateIntermediates(t *testing.T) {
 	}
 	// Identical rewards in group 30 give exactly 0 for every component.
 	for _, j := range []int{4, 5} {
-		if res.ComponentAdvantages[j] != [5]float64{} || res.Clarity[j] != 0 || res.Advantages[j] != 0 {
+		if res.ComponentAdvantages[j] != [NumComponents]float64{} || res.Clarity[j] != 0 || res.Advantages[j] != 0 {
 			t.Errorf("response %d of an all-identical group: A⁽ᵐ⁾ %v, A %g, Â %g, want all exactly 0",
 				j, res.ComponentAdvantages[j], res.Clarity[j], res.Advantages[j])
 		}
@@ -212,19 +212,19 @@ func TestCalibrateGateThreshold(t *testing.T) {
 		name  string
 		delta float64
 		gated []string
-		raw   [5]float64
-		want  [5]float64
+		raw   [NumComponents]float64
+		want  [NumComponents]float64
 	}{
 		{"ans zero, δ 0: all auxiliaries off", 0, []string{"info", "format", "route", "balance"},
-			[5]float64{0, 0.7, 1, 0.5, 0.3}, [5]float64{0, 0, 0, 0, 0}},
+			[NumComponents]float64{0, 0.7, 1, 0.5, 0.3}, [NumComponents]float64{0, 0, 0, 0, 0}},
 		{"ans above δ: kept", 0, []string{"info", "format", "route", "balance"},
-			[5]float64{0.01, 0.7, 1, 0.5, 0.3}, [5]float64{0.01, 0.7, 1, 0.5, 0.3}},
+			[NumComponents]float64{0.01, 0.7, 1, 0.5, 0.3}, [NumComponents]float64{0.01, 0.7, 1, 0.5, 0.3}},
 		{"ans equal to δ: gated (strict >)", 0.5, []string{"info", "format", "route", "balance"},
-			[5]float64{0.5, 0.7, 1, 0.5, 0.3}, [5]float64{0.5, 0, 0, 0, 0}},
+			[NumComponents]float64{0.5, 0.7, 1, 0.5, 0.3}, [NumComponents]float64{0.5, 0, 0, 0, 0}},
 		{"ans below δ, only info and route gated", 0.5, []string{"info", "route"},
-			[5]float64{0.4, 0.7, 1, 0.5, 0.3}, [5]float64{0.4, 0, 1, 0, 0.3}},
+			[NumComponents]float64{0.4, 0.7, 1, 0.5, 0.3}, [NumComponents]float64{0.4, 0, 1, 0, 0.3}},
 		{"nothing gated", 0.5, nil,
-			[5]float64{0, 0.7, 1, 0.5, 0.3}, [5]float64{0, 0.7, 1, 0.5, 0.3}},
+			[NumComponents]float64{0, 0.7, 1, 0.5, 0.3}, [NumComponents]float64{0, 0.7, 1, 0.5, 0.3}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -256,10 +256,10 @@ func TestCalibrateSigmaBarBelowEpsilon(t *testing.T) {
 	// clip(2) = 1.25 and clip(0) = 0.8). A = ±1e-7/(1e-7+ε) = ±1/11.
 	cfg := handConfig(false, false, true, false)
 	batch := []Response{
-		{Group: 1, Raw: [5]float64{0}},
-		{Group: 1, Raw: [5]float64{2e-7}},
-		{Group: 2, Raw: [5]float64{0.5}},
-		{Group: 2, Raw: [5]float64{0.5}},
+		{Group: 1, Raw: [NumComponents]float64{0}},
+		{Group: 1, Raw: [NumComponents]float64{2e-7}},
+		{Group: 2, Raw: [NumComponents]float64{0.5}},
+		{Group: 2, Raw: [NumComponents]float64{0.5}},
 	}
 	res, err := Calibrate(cfg, batch)
 	if err != nil {
@@ -270,7 +270,7 @@ func TestCalibrateSigmaBarBelowEpsilon(t *testing.T) {
 
 	// Every group constant: σ̄ = 0, τ = 1, every advantage exactly 0.
 	for j := range batch {
-		batch[j].Raw = [5]float64{1, 1, 1, 1, 1}
+		batch[j].Raw = [NumComponents]float64{1, 1, 1, 1, 1}
 	}
 	res, err = Calibrate(DefaultConfig(), batch)
 	if err != nil {
@@ -351,8 +351,8 @@ func TestCalibrateErrors(t *testing.T) {
 		want  error
 	}{
 		{"empty", nil, ErrEmptyBatch},
-		{"NaN", []Response{{Raw: [5]float64{1}}, {Raw: [5]float64{0, math.NaN()}}}, ErrNonFinite},
-		{"Inf", []Response{{Raw: [5]float64{0, 0, 0, 0, math.Inf(-1)}}}, ErrNonFinite},
+		{"NaN", []Response{{Raw: [NumComponents]float64{1}}, {Raw: [NumComponents]float64{0, math.NaN()}}}, ErrNonFinite},
+		{"Inf", []Response{{Raw: [NumComponents]float64{0, 0, 0, 0, math.Inf(-1)}}}, ErrNonFinite},
 		{"group spans datasets", []Response{{Group: 1, Dataset: "nq"}, {Group: 1, Dataset: "hotpotqa"}}, ErrMixedGroup},
 	}
 	for _, tt := range tests {
@@ -372,7 +372,7 @@ func randomBatch(rng *rand.Rand, groups, size int) []Response {
 	for g := range groups {
 		ds := []string{"nq", "hotpotqa"}[rng.IntN(2)]
 		for range size {
-			var raw [5]float64
+			var raw [NumComponents]float64
 			if rng.IntN(3) > 0 {
 				raw[Ans] = float64(rng.IntN(5)) / 4
 			}
@@ -380,6 +380,7 @@ func randomBatch(rng *rand.Rand, groups, size int) []Response {
 			raw[Format] = float64(rng.IntN(2))
 			raw[Route] = float64(rng.IntN(4)) / 3
 			raw[Balance] = rng.Float64()
+			raw[Cost] = rng.Float64()
 			batch = append(batch, Response{Group: g, Dataset: ds, Raw: raw})
 		}
 	}

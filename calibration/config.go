@@ -7,18 +7,23 @@ import (
 	"strings"
 )
 
-// Components names the five raw reward components in their fixed order; every
-// [5]float64 in this package (Response.Raw, Result.Gated, Weights.Vector, …)
-// is indexed by it, and the indices Ans … Balance name the positions.
-var Components = []string{"ans", "info", "format", "route", "balance"}
+// Components names the raw reward components in their fixed order: the
+// paper's five, then cost (not in the paper; weight 0 by default). Every
+// [NumComponents]float64 in this package (Response.Raw, Result.Gated,
+// Weights.Vector, …) is indexed by it, and the indices Ans … Cost name the
+// positions.
+var Components = []string{"ans", "info", "format", "route", "balance", "cost"}
 
-// Positions of the components in Components and in every [5]float64.
+// Positions of the components in Components and in every [NumComponents]float64.
 const (
 	Ans = iota
 	Info
 	Format
 	Route
 	Balance
+	Cost
+	// NumComponents is the number of reward components.
+	NumComponents
 )
 
 // ComponentIndex returns the position of a component name in Components.
@@ -39,7 +44,7 @@ type Config struct {
 	// counts only when the response's answer reward exceeds GateThreshold.
 	Gating bool `toml:"gating" json:"gating"`
 	// Gated lists the components gated on the answer reward (names from
-	// Components, never "ans"). Default: info, format, route, balance.
+	// Components, never "ans"). Default: info, format, route, balance, cost.
 	Gated []string `toml:"gated" json:"gated"`
 	// GateThreshold is δ: a gated component keeps its raw value when
 	// r_ans > δ and is 0 otherwise. Unitless (rewards are in [0, 1]). Default 0.
@@ -74,11 +79,16 @@ type Weights struct {
 	Format  float64 `toml:"format" json:"format"`   // λ_format, well-formedness (0 or 1)
 	Route   float64 `toml:"route" json:"route"`     // λ_route, routing efficiency
 	Balance float64 `toml:"balance" json:"balance"` // λ_balance, load balance over the pool
+	// Cost is λ_cost, the weight of the cost component (cheapness of the
+	// response's pool spend against the pool's dearest call for the
+	// question, in [0, 1]; docs/method.md §4). Not in the paper: 0 (off) by
+	// default, and with 0 every advantage is bit for bit the five-component one.
+	Cost float64 `toml:"cost" json:"cost"`
 }
 
 // Vector returns the weights in Components order.
-func (w Weights) Vector() [5]float64 {
-	return [5]float64{w.Ans, w.Info, w.Format, w.Route, w.Balance}
+func (w Weights) Vector() [NumComponents]float64 {
+	return [NumComponents]float64{w.Ans, w.Info, w.Format, w.Route, w.Balance, w.Cost}
 }
 
 // DefaultWeights are the λₘ of DefaultConfig. The paper does not publish its
@@ -89,18 +99,19 @@ func (w Weights) Vector() [5]float64 {
 // outweigh correctness, have a quarter each. Under CAE every A⁽ᵐ⁾ has unit
 // scale within its group, so λₘ is exactly the component's relative pull on
 // the policy; the auxiliaries are gated on the answer anyway, so they only
-// rank responses among those that answered.
+// rank responses among those that answered. Cost, which the paper does not
+// have, is 0: off.
 func DefaultWeights() Weights {
 	return Weights{Ans: 1, Info: 0.5, Format: 0.5, Route: 0.25, Balance: 0.25}
 }
 
 // DefaultConfig is full ReCal: all four switches on, gating of every
-// auxiliary component at δ = 0, τ ∈ [0.8, 1.25] (the paper's Table of
+// auxiliary component (cost included: a cheap wrong answer earns nothing) at δ = 0, τ ∈ [0.8, 1.25] (the paper's Table of
 // hyperparameters), ε = 1e-6 and DefaultWeights.
 func DefaultConfig() Config {
 	return Config{
 		Gating:               true,
-		Gated:                []string{"info", "format", "route", "balance"},
+		Gated:                []string{"info", "format", "route", "balance", "cost"},
 		GateThreshold:        0,
 		ComponentAdvantages:  true,
 		VarianceReweighting:  true,
@@ -166,8 +177,8 @@ func (c Config) Validate() error {
 }
 
 // gatedMask marks the components gating applies to.
-func (c Config) gatedMask() [5]bool {
-	var mask [5]bool
+func (c Config) gatedMask() [NumComponents]bool {
+	var mask [NumComponents]bool
 	for _, g := range c.Gated {
 		if m, ok := ComponentIndex(g); ok && m != Ans {
 			mask[m] = true

@@ -18,11 +18,11 @@ func TestDefaultConfig(t *testing.T) {
 		t.Errorf("DefaultConfig τ=[%g, %g] ε=%g δ=%g, want the paper's [0.8, 1.25], ε 1e-6, δ 0",
 			c.TauMin, c.TauMax, c.Epsilon, c.GateThreshold)
 	}
-	if got, want := strings.Join(c.Gated, ","), "info,format,route,balance"; got != want {
-		t.Errorf("DefaultConfig().Gated = %s, want %s (every auxiliary component)", got, want)
+	if got, want := strings.Join(c.Gated, ","), "info,format,route,balance,cost"; got != want {
+		t.Errorf("DefaultConfig().Gated = %s, want %s (every auxiliary component, cost included: a cheap wrong answer must earn nothing)", got, want)
 	}
-	if got, want := c.Weights.Vector(), [5]float64{1, 0.5, 0.5, 0.25, 0.25}; got != want {
-		t.Errorf("DefaultConfig weights = %v, want %v (documented on DefaultWeights)", got, want)
+	if got, want := c.Weights.Vector(), [NumComponents]float64{1, 0.5, 0.5, 0.25, 0.25, 0}; got != want {
+		t.Errorf("DefaultConfig weights = %v, want %v (documented on DefaultWeights; cost 0 keeps the paper's five-component advantages)", got, want)
 	}
 	// DefaultConfig returns a fresh slice: editing one config must not change the next.
 	c.Gated[0] = "route"
@@ -81,7 +81,7 @@ func TestValidate(t *testing.T) {
 			if !strings.HasPrefix(err.Error(), "calibration: ") {
 				t.Errorf("Validate() = %q, want the package prefix", err)
 			}
-			if _, cerr := Calibrate(c, []Response{{Raw: [5]float64{1}}}); cerr == nil {
+			if _, cerr := Calibrate(c, []Response{{Raw: [NumComponents]float64{1}}}); cerr == nil {
 				t.Error("Calibrate accepted an invalid config; it must validate first")
 			}
 		})

@@ -2,6 +2,11 @@
 // ReCal's calibrated advantages Â, the numbers the GRPO loss multiplies every
 // policy token of a response by.
 //
+// A response's rewards are the paper's five components (ans, info, format,
+// route, balance) and a sixth, cost, that the paper does not have; its
+// weight is 0 by default, and at 0 every advantage is bit for bit the
+// five-component one.
+//
 // The pipeline is pinned by docs/method.md and follows §4 of the ReCal paper
 // ("Learning Signal Clarity Calibration" and "Distribution-aware
 // Optimization"), in this order:

@@ -60,9 +60,9 @@ func configFromJSON(raw json.RawMessage) (Config, error) {
 	return cfg, nil
 }
 
-// rawFromMap reads the five components of a JSON rewards object.
-func rawFromMap(m map[string]float64) ([5]float64, error) {
-	var raw [5]float64
+// rawFromMap reads the components of a JSON rewards object.
+func rawFromMap(m map[string]float64) ([NumComponents]float64, error) {
+	var raw [NumComponents]float64
 	for i, c := range Components {
 		x, ok := m[c]
 		if !ok {
@@ -96,6 +96,21 @@ func TestGolden(t *testing.T) {
 	if len(golden.Cases) < 6 {
 		t.Fatalf("golden.json has %d cases, want at least 6", len(golden.Cases))
 	}
+	// The cost component must be checked in every setting of the four
+	// switches, weighted (and gated, where gating is on).
+	covered := map[[4]bool]bool{}
+	for _, c := range golden.Cases {
+		cfg, err := configFromJSON(c.Config)
+		if err != nil {
+			t.Fatalf("case %s: config %s: %v", c.Name, c.Config, err)
+		}
+		if cfg.Weights.Cost > 0 && cfg.gatedMask()[Cost] {
+			covered[[4]bool{cfg.Gating, cfg.ComponentAdvantages, cfg.VarianceReweighting, cfg.DatasetNormalization}] = true
+		}
+	}
+	if len(covered) != 16 {
+		t.Errorf("golden.json weights a gated cost component in %d of the 16 settings of gating, CAE, reweighting and dataset normalisation, want all 16 (reference.py's CASES)", len(covered))
+	}
 	for _, c := range golden.Cases {
 		t.Run(c.Name, func(t *testing.T) {
 			cfg, err := configFromJSON(c.Config)
@@ -128,7 +143,7 @@ func TestGolden(t *testing.T) {
 func runConfig() Config {
 	return Config{
 		Gating:               true,
-		Gated:                []string{"info", "format", "balance"},
+		Gated:                []string{"info", "format", "balance", "cost"},
 		GateThreshold:        0.2,
 		ComponentAdvantages:  true,
 		VarianceReweighting:  true,
@@ -136,7 +151,7 @@ func runConfig() Config {
 		TauMax:               1.3,
 		DatasetNormalization: true,
 		Epsilon:              1e-6,
-		Weights:              Weights{Ans: 1, Info: 0.3, Format: 0.2, Route: 0.4, Balance: 0.1},
+		Weights:              Weights{Ans: 1, Info: 0.3, Format: 0.2, Route: 0.4, Balance: 0.1, Cost: 0.3},
 	}
 }
 
@@ -147,7 +162,7 @@ device = "cpu"
 
 [calibration]
 gating = true
-gated = ["info", "format", "balance"]
+gated = ["info", "format", "balance", "cost"]
 gate_threshold = 0.2
 component_advantages = true
 variance_reweighting = true
@@ -162,6 +177,7 @@ info = 0.3
 format = 0.2
 route = 0.4
 balance = 0.1
+cost = 0.3
 `
 
 // rolloutRecord is one line of rollouts.jsonl (the fields reference.py reads).

@@ -159,6 +159,25 @@ func (r *replay) complete(ctx context.Context, call providerCall) (completion, e
 	if !ok {
 		return completion{Attempts: 1}, fmt.Errorf("%w in %s for question %q, model %q", ErrReplayMissing, r.cfg.Log, q.ID, r.cfg.Model)
 	}
+	return r.answer(row), nil
+}
+
+// quote is what a call about q costs: the logged row's reply, whatever the
+// sub-query (see Pool.DearestCall); false when the log has no row.
+func (r *replay) quote(q *Question) (completion, bool) {
+	if q == nil || q.ID == "" {
+		return completion{}, false
+	}
+	row, ok := r.log.Lookup(q.ID, r.cfg.Model)
+	if !ok {
+		return completion{}, false
+	}
+	return r.answer(row), true
+}
+
+// answer is the reply a call gets from a logged row: its text, tokens,
+// cost and latency.
+func (r *replay) answer(row outcomes.Row) completion {
 	text := strings.TrimSpace(cutRunes(strings.TrimSpace(r.render.Text(row, r.cfg.Render)), r.cfg.MaxReplyChars))
 	c := completion{Text: text, Attempts: 1}
 	if row.InputTokens != nil {
@@ -184,7 +203,7 @@ func (r *replay) complete(ctx context.Context, call providerCall) (completion, e
 		lat = time.Duration(*row.LatencyMS * float64(time.Millisecond))
 	}
 	c.Latency = &lat
-	return c, nil
+	return c
 }
 
 // ReplayVersion changes when a replayed model answers a logged row

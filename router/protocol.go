@@ -1,6 +1,6 @@
 // Package router implements the routing protocol between the policy and the
 // LLM pool: the prompt, parsing of the policy's actions, the multi-turn
-// rollout state machine and the five raw reward components of ReCal.
+// rollout state machine and the raw reward components (ReCal's five and cost).
 //
 // Policy output is untrusted text: every function here accepts any bytes
 // (unclosed or nested tags, invalid UTF-8, huge queries) without panicking

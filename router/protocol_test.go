@@ -106,11 +106,12 @@ func TestScore(t *testing.T) {
 	bal := NewBalance(0.9, []string{"m", "n"})
 	golden := []string{"William Shakespeare"}
 	text := "<think>t</think><search>m: q</search>\n\n<information>It was William Shakespeare.</information>\n\n<answer>Shakespeare</answer>"
-	s := &Sample{Text: text, End: "answer", Calls: []Call{{Model: "m", Query: "q", Reply: "It was William Shakespeare."}}}
-	r := Score(s, golden, 3, known, bal)
+	s := &Sample{Text: text, End: "answer", Calls: []Call{{Model: "m", Query: "q", Reply: "It was William Shakespeare.", Cost: 0.001}}}
+	r := Score(s, golden, 3, 0.002, known, bal)
 	// ans: F1 of "shakespeare" vs "william shakespeare" = 2·(1·0.5)/(1.5) = 2/3.
 	// info: "it was william shakespeare" vs golden: p = 2/4, r = 1 → 2/3.
-	want := Rewards{Ans: 2.0 / 3, Info: 2.0 / 3, Format: 1, Route: 1, Balance: 0.5, EM: 0}
+	// cost: 1 − 0.001/(3 · 0.002) = 5/6.
+	want := Rewards{Ans: 2.0 / 3, Info: 2.0 / 3, Format: 1, Route: 1, Balance: 0.5, Cost: 5.0 / 6, EM: 0}
 	for _, m := range Components {
 		if math.Abs(r.Get(m)-want.Get(m)) > 1e-9 {
 			t.Errorf("%s = %v, want %v", m, r.Get(m), want.Get(m))
@@ -119,9 +120,43 @@ func TestScore(t *testing.T) {
 	if r.EM != 0 {
 		t.Errorf("EM %v, want 0", r.EM)
 	}
-	none := Score(&Sample{Text: "<think>t</think>no answer", End: "length"}, []string{"x"}, 3, known, bal)
-	if none != (Rewards{}) {
-		t.Errorf("a response without answer or calls scored %+v, want all zero", none)
+	none := Score(&Sample{Text: "<think>t</think>no answer", End: "length"}, []string{"x"}, 3, 0.002, known, bal)
+	if none != (Rewards{Cost: 1}) {
+		t.Errorf("a response without answer or calls scored %+v, want all zero but cost 1 (it spent nothing; gating zeroes it)", none)
+	}
+}
+
+// CostReward is 1 − spend/(T · dearest) clipped to [0, 1], and 1 when
+// T · dearest is 0 (docs/method.md §4.6); Score sums the calls' costs
+// (a failed or unknown call costs 0) into spend.
+func TestCostReward(t *testing.T) {
+	cases := []struct {
+		name           string
+		spend, dearest float64
+		turns          int
+		want           float64
+	}{
+		{"no call", 0, 0.004, 3, 1},
+		{"one dearest call of three", 0.004, 0.004, 3, 1 - 1.0/3},
+		{"three dearest calls", 0.012, 0.004, 3, 0},
+		{"a cheap call", 0.0003, 0.004, 3, 1 - 0.0003/0.012},
+		{"more than T dearest calls: clipped", 0.02, 0.004, 3, 0},
+		{"every price 0", 0, 0, 3, 1},
+		{"a spend though the pool quotes 0", 0.001, 0, 3, 1},
+		{"no call allowed", 0, 0.004, 0, 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := CostReward(c.spend, c.turns, c.dearest); math.Abs(got-c.want) > 1e-15 {
+				t.Errorf("CostReward(%v, %d, %v) = %v, want %v", c.spend, c.turns, c.dearest, got, c.want)
+			}
+		})
+	}
+	known := func(m string) bool { return m == "m" }
+	s := &Sample{Text: "<think>t</think><answer>x</answer>", End: "answer", Calls: []Call{
+		{Model: "m", Cost: 0.001}, {Model: "m", Failed: true}, {Model: "z", Unknown: true, Failed: true}, {Model: "m", Cost: 0.002}}}
+	if got, want := Score(s, []string{"x"}, 3, 0.004, known, NewBalance(0.9, []string{"m"})).Cost, 1-0.003/0.012; math.Abs(got-want) > 1e-15 {
+		t.Errorf("Score's cost = %v, want %v: the spend is the sum of the calls' costs", got, want)
 	}
 }
 
@@ -161,7 +196,7 @@ func TestScoreInfoFromCalls(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			r := Score(&c.s, golden, 3, known, NewBalance(0.9, []string{"m"}))
+			r := Score(&c.s, golden, 3, 0, known, NewBalance(0.9, []string{"m"}))
 			if r.Info != c.info || r.Format != c.form {
 				t.Errorf("info %v, format %v; want info %v (only the pool's replies pay) and format %v", r.Info, r.Format, c.info, c.form)
 			}

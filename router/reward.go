@@ -9,8 +9,9 @@ import (
 	"github.com/recal-project/recal/data"
 )
 
-// Components are the five raw reward components of ReCal, in their fixed order.
-var Components = []string{"ans", "info", "format", "route", "balance"}
+// Components are the raw reward components, in their fixed order: ReCal's
+// five, then cost (not in the paper; its calibration weight is 0 by default).
+var Components = []string{"ans", "info", "format", "route", "balance", "cost"}
 
 // Rewards holds one response's raw reward components (before gating and
 // calibration) and the exact match beside the answer F1.
@@ -20,6 +21,7 @@ type Rewards struct {
 	Format  float64 `json:"format"`  // 1 if the response is well formed, else 0
 	Route   float64 `json:"route"`   // routing efficiency of the number of pool calls
 	Balance float64 `json:"balance"` // mean of 1 − p(model) over the calls, p from EMA counts
+	Cost    float64 `json:"cost"`    // cheapness: 1 − spend/(max_turns × the pool's dearest call), clipped to [0, 1] (CostReward)
 	EM      float64 `json:"em"`      // exact match of the answer (logged, not a component)
 }
 
@@ -36,6 +38,8 @@ func (r Rewards) Get(m string) float64 {
 		return r.Route
 	case "balance":
 		return r.Balance
+	case "cost":
+		return r.Cost
 	}
 	return 0
 }
@@ -49,6 +53,26 @@ func RouteReward(k, maxTurns int) float64 {
 		return 0
 	}
 	return 1 - float64(k-1)/float64(maxTurns)
+}
+
+// CostReward is the cost component of a response that spent spend USD on
+// pool calls (the sum of its calls' list-price Call.Cost; 0 with no call or
+// only failed ones) when maxTurns calls were allowed and dearest USD is the
+// pool's dearest single call about the question (llmpool.Pool.DearestCall):
+//
+//	r_cost = clip(1 − spend / (maxTurns · dearest), 0, 1)
+//
+// the share of the most the response could have spent that it left
+// unspent, comparable across questions and pools whatever their prices. A
+// response with no call gets 1; when maxTurns · dearest is 0 (every price 0,
+// or no call allowed) there is nothing to save and every response gets 1
+// (docs/method.md §4.6).
+func CostReward(spend float64, maxTurns int, dearest float64) float64 {
+	budget := float64(maxTurns) * dearest
+	if !(budget > 0) {
+		return 1
+	}
+	return min(max(1-spend/budget, 0), 1)
 }
 
 // Balance keeps exponentially decayed routing counts per pool model:
@@ -120,7 +144,8 @@ func (b *Balance) Update(calls []string) {
 
 // Score computes the raw components of one finished response s (its Text:
 // the policy's text and the inserted <information> blocks; its Calls; its
-// End); known tells whether a model name belongs to the pool.
+// End); known tells whether a model name belongs to the pool, and dearest
+// is the pool's dearest single call about the question, USD (CostReward).
 //
 // Rewards pay only for what happened. Info is scored from the replies the
 // pool returned for this response (Call.Reply, the text the policy was
@@ -128,7 +153,7 @@ func (b *Balance) Update(calls []string) {
 // or named no pool model earns nothing, since its text is recal's failure
 // message (which quotes what the policy wrote). A response that wrote
 // <information> itself (End "information") is never well formed.
-func Score(s *Sample, golden []string, maxTurns int, known func(string) bool, bal *Balance) Rewards {
+func Score(s *Sample, golden []string, maxTurns int, dearest float64, known func(string) bool, bal *Balance) Rewards {
 	var r Rewards
 	if ans, ok := LastAnswer(s.Text); ok {
 		r.Ans = data.F1(ans, golden)
@@ -148,5 +173,10 @@ func Score(s *Sample, golden []string, maxTurns int, known func(string) bool, ba
 	calls := s.CalledModels()
 	r.Route = RouteReward(len(calls), maxTurns)
 	r.Balance = bal.Reward(calls)
+	var spend float64
+	for _, c := range s.Calls {
+		spend += c.Cost
+	}
+	r.Cost = CostReward(spend, maxTurns, dearest)
 	return r
 }

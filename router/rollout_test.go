@@ -138,7 +138,7 @@ func TestRollout(t *testing.T) {
 	if out[5].Calls[0].Model != "sim-b" {
 		t.Errorf("row 5: model names match without case; got %q", out[5].Calls[0].Model)
 	}
-	r := Score(&out[0], q.Golden, cfg.MaxTurns, known, NewBalance(0.9, []string{"sim-a", "sim-b"}))
+	r := Score(&out[0], q.Golden, cfg.MaxTurns, 0, known, NewBalance(0.9, []string{"sim-a", "sim-b"}))
 	if r.Ans != 1 || r.Format != 1 || r.Route != 1 || r.Info == 0 {
 		t.Errorf("row 0 rewards %+v, want ans 1, format 1, route 1, info > 0", r)
 	}
@@ -211,7 +211,7 @@ func TestRolloutPolicyInformation(t *testing.T) {
 		if len(o.Calls) > 0 {
 			wantInfo = data.F1(o.Calls[0].Reply, q.Golden)
 		}
-		if r := Score(&o, q.Golden, cfg.MaxTurns, known, NewBalance(0.9, []string{"sim-a", "sim-b"})); r.Info != wantInfo || r.Info == 1 || r.Format != 0 {
+		if r := Score(&o, q.Golden, cfg.MaxTurns, 0, known, NewBalance(0.9, []string{"sim-a", "sim-b"})); r.Info != wantInfo || r.Info == 1 || r.Format != 0 {
 			t.Errorf("row %d: info %v, format %v; want info %v (the pool's replies only) and format 0: the policy wrote <information>", i, r.Info, r.Format, wantInfo)
 		}
 	}

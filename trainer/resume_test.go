@@ -214,7 +214,7 @@ func TestReferenceCheckPerStepConfig(t *testing.T) {
 		var batch []calibration.Response
 		for i := range 8 {
 			x := float64((i*7+step*3)%5) / 4
-			batch = append(batch, calibration.Response{Group: i / 2, Dataset: []string{"nq", "hotpotqa"}[i/4], Raw: [5]float64{x, 1 - x, float64(i % 2), x / 2, 0.5}})
+			batch = append(batch, calibration.Response{Group: i / 2, Dataset: []string{"nq", "hotpotqa"}[i/4], Raw: [calibration.NumComponents]float64{x, 1 - x, float64(i % 2), x / 2, 0.5}})
 		}
 		res, err := calibration.Calibrate(cal, batch)
 		if err != nil {

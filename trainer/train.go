@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/recal-project/recal/calibration"
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/dist"
@@ -405,16 +406,21 @@ func (j *job) step(ctx context.Context) (*stepResult, error) {
 	// only this rank's rows are filled.
 	mine := rankRollout{Interrupted: interrupted, Wall: rstats.Wall}
 	seqs := make([]torchbridge.Sequence, tc.BatchSize*tc.GroupSize)
+	dearest := map[int]float64{} // by question: the pool's dearest single call about it, USD (the cost reward's scale)
 	for k := 0; k < len(local) && !interrupted; k++ {
 		i := lo + k
 		q := qs[i/tc.GroupSize]
+		if _, ok := dearest[i/tc.GroupSize]; !ok {
+			pq := rollout.Question(q)
+			dearest[i/tc.GroupSize] = env.Pool.DearestCall(&pq)
+		}
 		// The prompt and the model names RollRows gave the response
 		// (train.model_subsets): a name it was not shown is not well formed.
 		prompt, _, known, err := j.rollEnv.RowPrompt(q, stepSeed(tc.Seed, step))
 		if err != nil {
 			return nil, err
 		}
-		rw := router.Score(&local[k], q.Golden, j.cfg.Router.MaxTurns, known, st.Balance)
+		rw := router.Score(&local[k], q.Golden, j.cfg.Router.MaxTurns, dearest[i/tc.GroupSize], known, st.Balance)
 		seqs[i] = sequence(prompt, local[k], 0)
 		mine.Rows = append(mine.Rows, record(local[k], rw, policyTokens(seqs[i])))
 	}
@@ -604,8 +610,9 @@ func stepSeed(seed int64, step int) uint64 {
 	return z
 }
 
-func rawOf(r router.Rewards) [5]float64 {
-	var v [5]float64
+// rawOf lays out a response's raw rewards in calibration's component order.
+func rawOf(r router.Rewards) [calibration.NumComponents]float64 {
+	var v [calibration.NumComponents]float64
 	for k, m := range router.Components {
 		v[k] = r.Get(m)
 	}

@@ -94,8 +94,8 @@ func TestTrainLearns(t *testing.T) {
 	}
 	for _, r := range rolls {
 		raw, ok := r["rewards_raw"].(map[string]any)
-		if !ok || len(raw) != 5 {
-			t.Fatalf("rollout line without the five raw rewards: %v", r)
+		if !ok || len(raw) != len(router.Components) {
+			t.Fatalf("rollout line without the %d raw rewards: %v", len(router.Components), r)
 		}
 		if _, ok := r["advantage"].(float64); !ok {
 			t.Fatalf("rollout line without an advantage: %v", r)

@@ -2,7 +2,14 @@
 """Independent reference for ReCal's calibrated advantages (docs/method.md).
 
 Plain Python 3.11 (tomllib), no third-party packages. It re-implements the
-calibration pipeline from docs/method.md, not from the Go code:
+calibration pipeline from docs/method.md, not from the Go code, over the six
+raw components ans, info, format, route, balance and cost (the last not in
+the paper, weight 0 by default), and the cost component itself:
+
+  r_cost = clip(1 - spend / (T * c_max), 0, 1), and 1 when T * c_max <= 0
+           (spend: the response's pool spend in USD, 0 with no call;
+           T: calls allowed, router.max_turns; c_max: the dearest single
+           call the pool could make about the question)
 
   1. gating:   r_m <- r_m if r_ans > delta else 0, for m in `gated` (never ans)
   2. scalar:   r = sum_m lambda_m r_m              (after gating)
@@ -40,11 +47,11 @@ import math
 import random
 import sys
 
-COMPONENTS = ["ans", "info", "format", "route", "balance"]
+COMPONENTS = ["ans", "info", "format", "route", "balance", "cost"]
 
 DEFAULTS = {
     "gating": True,
-    "gated": ["info", "format", "route", "balance"],
+    "gated": ["info", "format", "route", "balance", "cost"],
     "gate_threshold": 0.0,
     "component_advantages": True,
     "variance_reweighting": True,
@@ -52,7 +59,7 @@ DEFAULTS = {
     "tau_max": 1.25,
     "dataset_normalization": True,
     "epsilon": 1e-6,
-    "weights": {"ans": 1.0, "info": 0.5, "format": 0.5, "route": 0.25, "balance": 0.25},
+    "weights": {"ans": 1.0, "info": 0.5, "format": 0.5, "route": 0.25, "balance": 0.25, "cost": 0.0},
 }
 
 CHECK_TOLERANCE = 1e-4
@@ -90,6 +97,15 @@ def resolve_config(table):
     if any(w < 0 for w in cfg["weights"].values()) or all(w == 0 for w in cfg["weights"].values()):
         raise InputError("calibration.weights must be >= 0 and not all zero")
     return cfg
+
+
+def cost_reward(spend, calls_allowed, dearest):
+    """The cost component: the share of the most the response could have
+    spent (calls_allowed calls of the dearest call) that it did not spend."""
+    budget = calls_allowed * dearest
+    if not budget > 0:
+        return 1.0
+    return min(max(1.0 - spend / budget, 0.0), 1.0)
 
 
 def mean_std(xs):
@@ -149,7 +165,7 @@ def calibrate(cfg, batch):
     scalar = []
     for row in rewards:
         r = 0.0
-        for m in range(5):
+        for m in range(len(COMPONENTS)):
             r += lam[m] * row[m]
         scalar.append(r)
 
@@ -163,14 +179,14 @@ def calibrate(cfg, batch):
             for i in idx:
                 adv[i] = (scalar[i] - mu) / (sigma + eps)
             continue
-        comp = {i: [0.0] * 5 for i in idx}
-        for m in range(5):
+        comp = {i: [0.0] * len(COMPONENTS) for i in idx}
+        for m in range(len(COMPONENTS)):
             mu_m, sigma_m = mean_std([rewards[i][m] for i in idx])
             for i in idx:
                 comp[i][m] = (rewards[i][m] - mu_m) / (sigma_m + eps)
         for i in idx:
             a = 0.0
-            for m in range(5):
+            for m in range(len(COMPONENTS)):
                 a += lam[m] * comp[i][m]
             adv[i] = a
 
@@ -216,7 +232,23 @@ CASES = [
     ("custom_wide_tau_big_eps_three_datasets", 7,
      {"gating": False, "tau_min": 0.5, "tau_max": 2.0, "epsilon": 1e-3}, 3, True, False),
     ("recal_constant_groups", 8, {}, 2, False, True),
+    ("cost_ungated_one_dataset", 9,
+     {"gated": ["info", "format", "route", "balance"], "weights": {"cost": 1.0}}, 1, True, False),
+    ("cost_heavy_gate_half", 10,
+     {"gate_threshold": 0.5, "weights": {"ans": 1.0, "info": 0.0, "format": 0.2, "route": 0.0,
+                                          "balance": 0.0, "cost": 2.0}}, 3, True, False),
 ]
+
+# The cost component in every setting of the four switches (gating, CAE,
+# reweighting, dataset normalisation), cost gated (the default) and weighted.
+SWITCHES = ["gating", "component_advantages", "variance_reweighting", "dataset_normalization"]
+for bits in range(16):
+    on = [bool(bits >> (3 - k) & 1) for k in range(4)]
+    table = dict(zip(SWITCHES, on))
+    table["weights"] = {"cost": 0.4}
+    CASES.append(("cost_g%d_c%d_r%d_d%d" % tuple(int(b) for b in on), 100 + bits, table, 2, bits % 2 == 1, False))
+
+T = 3  # calls allowed (router.max_turns) in the random batches
 
 
 def random_response(rng):
@@ -230,16 +262,43 @@ def random_response(rng):
     return dict(zip(COMPONENTS, [ans, info, fmt, route, balance]))
 
 
-def random_batch(rng, n_datasets, shuffle, constant):
+def calls_of(route):
+    """The number of pool calls k that gave route = 1 - (k-1)/T (0: none)."""
+    return 0 if route == 0 else round(1 + T * (1 - route))
+
+
+def add_cost(crng, dearest, raw):
+    """Sets raw["cost"] from a spend drawn for raw's calls: each call costs
+    up to the dearest call, and now and then a response spends more than T
+    dearest calls (a priced bound below a real call), which the clip takes."""
+    k = calls_of(raw["route"])
+    spend = 0.0
+    for _ in range(k):
+        spend += round(crng.uniform(0.0, dearest), 9)
+    if k and crng.random() < 0.1:
+        spend = (T + 1) * dearest
+    raw["cost"] = cost_reward(spend, T, dearest)
+
+
+def random_batch(rng, crng, n_datasets, shuffle, constant):
+    """The other components are drawn from rng, the cost from crng, so the
+    batches of the cases made before the cost component are unchanged."""
     names = rng.sample(DATASETS, n_datasets)
     ids = rng.sample(range(-20, 1000), rng.randint(3, 7))
     batch = []
     for gid in ids:
         dataset = rng.choice(names)
         same = constant or rng.random() < 0.15
+        # The question's dearest call, USD; 0 now and then: a free pool.
+        dearest = crng.choice([0.0, round(crng.uniform(1e-5, 2e-3), 9), round(crng.uniform(1e-5, 2e-3), 9)])
         first = random_response(rng)
+        add_cost(crng, dearest, first)
         for _ in range(4):
-            raw = dict(first) if same else random_response(rng)
+            if same:
+                raw = dict(first)
+            else:
+                raw = random_response(rng)
+                add_cost(crng, dearest, raw)
             batch.append({"group": gid, "dataset": dataset, "raw": raw})
     if shuffle:
         rng.shuffle(batch)
@@ -250,7 +309,8 @@ def generate(path):
     cases = []
     for name, seed, table, n_datasets, shuffle, constant in CASES:
         rng = random.Random(seed)
-        batch = random_batch(rng, n_datasets, shuffle, constant)
+        crng = random.Random(seed + 1000003)
+        batch = random_batch(rng, crng, n_datasets, shuffle, constant)
         adv, taus = calibrate(resolve_config(table), batch)
         cases.append({"name": name, "seed": seed, "config": table, "batch": batch,
                       "advantages": adv, "tau": taus})
@@ -287,8 +347,11 @@ def check(run_dir):
                     continue
                 rec = json.loads(line)
                 try:
+                    # A run logged before the cost component has none: 0.
+                    raw = dict(rec["rewards_raw"])
+                    raw.setdefault("cost", 0.0)
                     resp = {"group": rec["group"], "dataset": rec["dataset"],
-                            "raw": {m: rec["rewards_raw"][m] for m in COMPONENTS},
+                            "raw": {m: raw[m] for m in COMPONENTS},
                             "advantage": float(rec["advantage"]), "line": lineno}
                 except (KeyError, TypeError, ValueError) as e:
                     raise InputError("rollouts.jsonl:%d: missing or bad field %s" % (lineno, e))

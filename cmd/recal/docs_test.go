@@ -195,7 +195,7 @@ var outputNotes = map[string]string{
 	"trainer.rolloutLine.QuestionID": "the question's id, <dataset>/<source id>",
 	"trainer.rolloutLine.Question":   "the question",
 	"trainer.rolloutLine.Golden":     "its golden answers",
-	"trainer.rolloutLine.RewardsRaw": "the five raw reward components (ans, info, format, route, balance) before gating",
+	"trainer.rolloutLine.RewardsRaw": "the raw reward components (ans, info, format, route, balance, cost) before gating",
 	"trainer.rolloutLine.EM":         "exact match of the answer (logged, not a component)",
 	"trainer.rolloutLine.Advantage":  "the calibrated advantage Â the loss used for every policy token of the response",
 	"trainer.rolloutLine.Response":   "the whole response: the policy's text with the <information> blocks the environment inserted",
