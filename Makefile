@@ -135,7 +135,7 @@ build: lib
 	$(GOENV) $(GO) build -o bin/recal ./cmd/recal
 
 # test: vet, every test, then the race detector over the pure-Go packages,
-# where the concurrency lives (pool fan-out, rollout engine, server; about
+# where the concurrency lives (pool fan-out, rollout scheduler, server; about
 # 2 minutes on 2 cores). baselines is left out of the race run: its fitting
 # starts no goroutine, and its learning tests take many minutes under -race.
 # Last, every command README.md shows runs as shown, against a short

@@ -109,7 +109,7 @@ var inputParts = map[string]func(s Setup) (any, error){
 			CallFirst                        bool   `json:",omitempty"`
 			MatchClose                       bool   `json:",omitempty"`
 			Engine                           int    `json:",omitempty"`
-		}{rc.MaxTurns, rc.TurnTokens, rc.InfoTokens, tmpl, rc.NoRepeatNGram, onRepeat, rc.AnswerSpan, rc.SearchNames, rc.CallFirst, rc.MatchClose, router.EngineVersion}, nil
+		}{rc.MaxTurns, rc.TurnTokens, rc.InfoTokens, tmpl, rc.NoRepeatNGram, onRepeat, rc.AnswerSpan, rc.SearchNames, rc.CallFirst, rc.MatchClose, router.DecodeVersion}, nil
 	},
 	// pool: the models as configured, less the settings that change how
 	// calls are made but not what they answer.

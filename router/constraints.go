@@ -12,7 +12,7 @@ import (
 // holds a reply or may call no more, else the tokens that would write
 // "<a", the start of <answer> (after a lone "<", every token that starts
 // with "a"). nil when that is no token of the vocabulary.
-func (e *Engine) callBan(p *Pending) []int32 {
+func (e *Scheduler) callBan(p *Pending) []int32 {
 	if len(p.out.Calls) > 0 || p.callsMade >= p.maxTurns {
 		return nil
 	}
@@ -35,7 +35,7 @@ func (e *Engine) callBan(p *Pending) []int32 {
 // spell the rest of it). Only tokens that hold "</" can do so, and after a
 // lone "<" those that start with "/"; inside an unfinished "</…" any token
 // can (the whole vocabulary is checked, a step or two per closing tag).
-func (e *Engine) closeBan(p *Pending) []int32 {
+func (e *Scheduler) closeBan(p *Pending) []int32 {
 	_, want := e.closing(p.turnText)
 	if want == "" {
 		return nil
@@ -90,7 +90,7 @@ func (e *Engine) closeBan(p *Pending) []int32 {
 // tag (an answer does not stop inside a word: "Mer" of "Mercedes-Benz").
 // Once anything but a span is written (the closing tag), the turn goes on
 // free.
-func (e *Engine) spanBan(p *Pending) []int32 {
+func (e *Scheduler) spanBan(p *Pending) []int32 {
 	if len(p.replies) == 0 {
 		return nil
 	}
@@ -154,7 +154,7 @@ func (e *Engine) spanBan(p *Pending) []int32 {
 }
 
 // banAllBut is every id of the decoder's vocabulary that keep rejects.
-func (e *Engine) banAllBut(keep func(id int) bool) []int32 {
+func (e *Scheduler) banAllBut(keep func(id int) bool) []int32 {
 	var ban []int32
 	for id := range e.dec.(VocabDecoder).Vocab() {
 		if !keep(id) {
@@ -168,7 +168,7 @@ func (e *Engine) banAllBut(keep func(id int) bool) []int32 {
 // p's turn has a <search> open with no colon yet, else every token but
 // those that keep what follows the tag (after at most one leading space) a
 // prefix of "NAME:" for a model NAME p may call, or that complete it.
-func (e *Engine) nameBan(p *Pending) []int32 {
+func (e *Scheduler) nameBan(p *Pending) []int32 {
 	at := bytes.LastIndex(p.turnText, []byte(SearchOpen))
 	if at < 0 {
 		return nil
@@ -226,7 +226,7 @@ func wordSpan(text, span string, whole bool) bool {
 
 // closing is the closing tag of the tag open at the end of a turn's text
 // (<think>, <search> or <answer>), as tokens and text; nil when none is open.
-func (e *Engine) closing(turn []byte) ([]int32, string) {
+func (e *Scheduler) closing(turn []byte) ([]int32, string) {
 	at, closeTag := -1, ""
 	for _, tag := range [][2]string{{ThinkOpen, ThinkClose}, {SearchOpen, SearchClose}, {AnswerOpen, AnswerClose}} {
 		i := bytes.LastIndex(turn, []byte(tag[0]))

@@ -60,7 +60,7 @@ type Job struct {
 	Prompt   []int32
 	// Models are the pool models Rollout lets the response call (its
 	// RowOptions.Models: nil means every pool model, another name is an
-	// unknown model); the prompt should list exactly these. Engine.Submit
+	// unknown model); the prompt should list exactly these. Scheduler.Submit
 	// reads RowOptions.Models instead.
 	Models []string
 }
@@ -127,7 +127,7 @@ func (s Stats) CriticalPath() time.Duration { return s.Decode + s.SlowestSum }
 // (End "information"): it never sees a block it wrote, and the response is
 // never well formed.
 //
-// It runs an Engine on the caller's goroutine with every job admitted at
+// It runs an Scheduler on the caller's goroutine with every job admitted at
 // once (job i on row i) and one seed for the whole rollout: the decoder
 // draws per row and position, so samples do not depend on how rows were
 // batched.
@@ -145,7 +145,7 @@ func Rollout(ctx context.Context, dec generate.Decoder, tok Tokenizer, pool Pool
 	if err := cfg.checkDecoder(dec); err != nil {
 		return nil, Stats{}, fmt.Errorf("router: rollout: %w", err)
 	}
-	e, err := NewEngine(freshRows{dec}, tok, pool, cfg, EngineOptions{Rows: len(jobs), EOS: eos, Seed: seed})
+	e, err := NewScheduler(freshRows{dec}, tok, pool, cfg, SchedulerOptions{Rows: len(jobs), EOS: eos, Seed: seed})
 	if err != nil {
 		return nil, Stats{}, err
 	}

@@ -14,7 +14,7 @@ import (
 	"github.com/recal-project/recal/llmpool"
 )
 
-// Decoder is what the engine needs of the policy: a generate.Decoder whose
+// Decoder is what the scheduler needs of the policy: a generate.Decoder whose
 // cache rows can be emptied for the next response (torchbridge.Cache).
 type Decoder interface {
 	generate.Decoder
@@ -34,19 +34,19 @@ type VocabDecoder interface {
 	Vocab() int
 }
 
-// Errors of the engine.
+// Errors of the scheduler.
 var (
-	// ErrStopped is the error of a response the engine could not finish
+	// ErrStopped is the error of a response the scheduler could not finish
 	// because its Run ended (its context was done), and of any response
 	// submitted after that.
-	ErrStopped = errors.New("router: engine stopped")
+	ErrStopped = errors.New("router: scheduler stopped")
 	// ErrInvalidRow is wrapped by Submit's errors about the job or its
 	// RowOptions.
 	ErrInvalidRow = errors.New("router: invalid response")
 )
 
-// EngineOptions configure an Engine.
-type EngineOptions struct {
+// SchedulerOptions configure an Scheduler.
+type SchedulerOptions struct {
 	// Rows is the number of cache rows: the most responses decoding
 	// together. Responses submitted beyond it wait for a free row.
 	Rows int
@@ -102,18 +102,18 @@ type RowOptions struct {
 	OnCall func(Call)
 }
 
-// Engine runs the routing protocol with continuous batching: responses are
+// Scheduler runs the routing protocol with continuous batching: responses are
 // admitted into free cache rows between decode steps, decode together on
-// the goroutine that runs the engine (Run, or Rollout's caller), call the
+// the goroutine that runs the scheduler (Run, or Rollout's caller), call the
 // pool concurrently (rows that are not waiting keep decoding), and leave
 // their row when they end or their context is done. Submit and Do are safe
 // for concurrent use; only one Run may be active at a time.
-type Engine struct {
+type Scheduler struct {
 	dec  Decoder
 	tok  Tokenizer
 	pool Pool
 	cfg  Config
-	opt  EngineOptions
+	opt  SchedulerOptions
 
 	closeToks map[string][]int32 // "</think>", "</search>", "</answer>" encoded
 	names     []string           // the pool's model names (router.search_names)
@@ -187,30 +187,30 @@ type reply struct {
 	block []int32 // the <information> block to append
 }
 
-// NewEngine makes an engine over dec's rows 0..opt.Rows-1, which must be
+// NewScheduler makes an scheduler over dec's rows 0..opt.Rows-1, which must be
 // empty or are reset before use.
-func NewEngine(dec Decoder, tok Tokenizer, pool Pool, cfg Config, opt EngineOptions) (*Engine, error) {
+func NewScheduler(dec Decoder, tok Tokenizer, pool Pool, cfg Config, opt SchedulerOptions) (*Scheduler, error) {
 	if opt.Rows < 1 {
-		return nil, fmt.Errorf("router: engine: %d rows, want ≥ 1", opt.Rows)
+		return nil, fmt.Errorf("router: scheduler: %d rows, want ≥ 1", opt.Rows)
 	}
 	if opt.MaxSamplings < 0 {
-		return nil, fmt.Errorf("router: engine: at most %d samplings, want ≥ 0 (0: no bound)", opt.MaxSamplings)
+		return nil, fmt.Errorf("router: scheduler: at most %d samplings, want ≥ 0 (0: no bound)", opt.MaxSamplings)
 	}
 	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("router: engine: %w", err)
+		return nil, fmt.Errorf("router: scheduler: %w", err)
 	}
 	if err := cfg.checkDecoder(dec); err != nil {
 		// freshRows (Rollout) claims both; the decoder it wraps may not.
-		return nil, fmt.Errorf("router: engine: %w", err)
+		return nil, fmt.Errorf("router: scheduler: %w", err)
 	}
 	if v, ok := dec.(VocabDecoder); cfg.constrains() && (!ok || v.Vocab() < 1) {
-		return nil, fmt.Errorf("router: engine: router.answer_span and router.search_names need a decoder that knows its vocabulary (%T does not)", dec)
+		return nil, fmt.Errorf("router: scheduler: router.answer_span and router.search_names need a decoder that knows its vocabulary (%T does not)", dec)
 	}
 	var names []string
 	if cfg.SearchNames {
 		lister, ok := pool.(interface{ Models() []llmpool.ModelInfo })
 		if !ok {
-			return nil, fmt.Errorf("router: engine: router.search_names needs a pool that lists its models (%T does not)", pool)
+			return nil, fmt.Errorf("router: scheduler: router.search_names needs a pool that lists its models (%T does not)", pool)
 		}
 		for _, m := range lister.Models() {
 			names = append(names, m.Name)
@@ -239,7 +239,7 @@ func NewEngine(dec Decoder, tok Tokenizer, pool Pool, cfg Config, opt EngineOpti
 	for _, c := range []string{ThinkClose, SearchClose, AnswerClose} {
 		closeToks[c] = toInt32(tok.Encode(c))
 	}
-	return &Engine{dec: dec, tok: tok, pool: pool, cfg: cfg, opt: opt, closeToks: closeToks, names: names, openA: openA, startA: startA, closers: closers, slashes: slashes,
+	return &Scheduler{dec: dec, tok: tok, pool: pool, cfg: cfg, opt: opt, closeToks: closeToks, names: names, openA: openA, startA: startA, closers: closers, slashes: slashes,
 		replies: make(chan reply, opt.Rows), wake: make(chan struct{}, 1),
 		slots: make([]*Pending, opt.Rows), dirty: make([]bool, opt.Rows), slowest: map[int]time.Duration{}}, nil
 }
@@ -247,7 +247,7 @@ func NewEngine(dec Decoder, tok Tokenizer, pool Pool, cfg Config, opt EngineOpti
 // Submit queues a response; it starts at a decode step when a row is free.
 // Cancelling ctx ends it (and cancels its pool call) at the next step, with
 // ctx's error, without disturbing other rows.
-func (e *Engine) Submit(ctx context.Context, job Job, opt RowOptions) (*Pending, error) {
+func (e *Scheduler) Submit(ctx context.Context, job Job, opt RowOptions) (*Pending, error) {
 	p := &Pending{ctx: ctx, job: job, opt: opt, done: make(chan struct{})}
 	s := opt.Sampling
 	switch {
@@ -296,7 +296,7 @@ func (e *Engine) Submit(ctx context.Context, job Job, opt RowOptions) (*Pending,
 // Do submits a response and waits for it. When ctx is done first, it
 // returns ctx's error once the response has left its row (at once if it
 // was still waiting for one).
-func (e *Engine) Do(ctx context.Context, job Job, opt RowOptions) (Sample, error) {
+func (e *Scheduler) Do(ctx context.Context, job Job, opt RowOptions) (Sample, error) {
 	p, err := e.Submit(ctx, job, opt)
 	if err != nil {
 		return Sample{}, err
@@ -313,7 +313,7 @@ func (e *Engine) Do(ctx context.Context, job Job, opt RowOptions) (Sample, error
 }
 
 // dequeue removes p from the queue, reporting whether it was there.
-func (e *Engine) dequeue(p *Pending) bool {
+func (e *Scheduler) dequeue(p *Pending) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for i, q := range e.queue {
@@ -327,15 +327,15 @@ func (e *Engine) dequeue(p *Pending) bool {
 
 // Load reports the rows holding a response and the responses waiting for
 // a row.
-func (e *Engine) Load() (active, waiting int) {
+func (e *Scheduler) Load() (active, waiting int) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.active, len(e.queue)
 }
 
-// Stats reports where the engine's time went so far (Wall is left to the
+// Stats reports where the scheduler's time went so far (Wall is left to the
 // caller).
-func (e *Engine) Stats() Stats {
+func (e *Scheduler) Stats() Stats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	st := e.stats
@@ -349,7 +349,7 @@ func (e *Engine) Stats() Stats {
 // ErrStopped (their pool calls cancelled), as do those still waiting for a
 // row, and Run returns nil. It returns the decoder's error when a decode
 // step fails; every response in flight or waiting ends with that error.
-func (e *Engine) Run(ctx context.Context) error {
+func (e *Scheduler) Run(ctx context.Context) error {
 	if err := e.loop(ctx, false); ctx.Err() == nil {
 		return err
 	}
@@ -358,9 +358,9 @@ func (e *Engine) Run(ctx context.Context) error {
 
 // drain decodes until no response is in flight or waiting, or ctx is done
 // (then it returns ctx's error, like a failed decode step).
-func (e *Engine) drain(ctx context.Context) error { return e.loop(ctx, true) }
+func (e *Scheduler) drain(ctx context.Context) error { return e.loop(ctx, true) }
 
-func (e *Engine) loop(ctx context.Context, untilIdle bool) (err error) {
+func (e *Scheduler) loop(ctx context.Context, untilIdle bool) (err error) {
 	defer func() {
 		if err != nil && !untilIdle && ctx.Err() != nil {
 			e.stop(ErrStopped)
@@ -466,10 +466,10 @@ func sameDraws(s generate.Sampling) generate.Sampling {
 }
 
 // admit moves waiting responses into free rows, in order, emptying rows
-// that held earlier responses. With EngineOptions.MaxSamplings, a response
+// that held earlier responses. With SchedulerOptions.MaxSamplings, a response
 // whose sampling would be one too many stops the admissions until a
 // sampling's last row ends.
-func (e *Engine) admit(ctx context.Context) error {
+func (e *Scheduler) admit(ctx context.Context) error {
 	var reset []int
 	e.mu.Lock()
 	var samplings []generate.Sampling
@@ -520,19 +520,19 @@ func (e *Engine) admit(ctx context.Context) error {
 	return nil
 }
 
-// EngineVersion changes when the engine decodes differently for the same
+// DecodeVersion changes when the scheduler decodes differently for the same
 // weights and settings; it keys evaluation results (eval's identity), so
-// answers of an older engine are not reused. 1 (unnamed): before
+// answers of an older scheduler are not reused. 1 (unnamed): before
 // 2026-11-23; 2: the KV cache holds each <search> turn's last token; 3:
 // float32 policies on the CPU decode by the bridge's row-invariant kernels
 // (other roundings than libtorch's); 4: router.answer_span's spans start
 // and end at character boundaries; 5: router.call_first's ban no longer
 // turns off router.on_repeat = "close" for the row (a full vocabulary has
 // tokens holding "<a").
-const EngineVersion = 5
+const DecodeVersion = 5
 
 // finish ends a response and frees its row.
-func (e *Engine) finish(p *Pending, err error) {
+func (e *Scheduler) finish(p *Pending, err error) {
 	if p.finished {
 		return
 	}
@@ -553,7 +553,7 @@ func (e *Engine) finish(p *Pending, err error) {
 // stop ends every response in flight or waiting with err (ErrStopped when
 // the loop ended because its context was done), after their pool calls
 // return, and refuses further submissions.
-func (e *Engine) stop(err error) {
+func (e *Scheduler) stop(err error) {
 	if err == nil {
 		return // drained: nothing is left
 	}

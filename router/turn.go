@@ -18,7 +18,7 @@ import (
 const BudgetText = "[router: the cost budget is spent; no model was called: answer now]"
 
 // extend runs one decode step for ps and advances their state machines.
-func (e *Engine) extend(ctx context.Context, ps []*Pending, s generate.Sampling, seed uint64) error {
+func (e *Scheduler) extend(ctx context.Context, ps []*Pending, s generate.Sampling, seed uint64) error {
 	if len(ps) == 0 {
 		return nil
 	}
@@ -185,7 +185,7 @@ func (e *Engine) extend(ctx context.Context, ps []*Pending, s generate.Sampling,
 }
 
 // call starts the pool call of a <search> turn on its own goroutine.
-func (e *Engine) call(p *Pending, a Action) {
+func (e *Scheduler) call(p *Pending, a Action) {
 	turn := p.callsMade
 	p.callsMade++
 	p.waiting = true
@@ -217,7 +217,7 @@ func (e *Engine) call(p *Pending, a Action) {
 }
 
 // fold applies an arrived pool reply to its response.
-func (e *Engine) fold(rp reply) {
+func (e *Scheduler) fold(rp reply) {
 	p, o := rp.p, &rp.p.out
 	p.waiting = false
 	p.cancelCall()

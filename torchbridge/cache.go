@@ -133,7 +133,7 @@ type Step struct {
 	// bit of any result, only the wall time. Otherwise, and for one row,
 	// the call runs whole on the torch thread. A share that fails may
 	// leave the other shares' rows extended: the call's error is then the
-	// cache's end (the rollout engine stops on it).
+	// cache's end (the rollout scheduler stops on it).
 	Workers int
 }
 
