@@ -398,7 +398,14 @@ func (t Table) CSV(w io.Writer) error {
 }
 
 // Write saves table.json, table.csv and table.md in dir, each atomically.
-func (t Table) Write(dir string) error {
+func (t Table) Write(dir string) error { return writeTable(dir, t) }
+
+// writeTable saves t as table.json, table.csv and table.md in dir, each
+// atomically.
+func writeTable(dir string, t interface {
+	CSV(io.Writer) error
+	Markdown(io.Writer)
+}) error {
 	writers := map[string]func(io.Writer) error{
 		"table.json": func(w io.Writer) error {
 			e := json.NewEncoder(w)
