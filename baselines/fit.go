@@ -142,3 +142,35 @@ func permOf(idx []int, rng *rand.Rand) []int {
 	}
 	return out
 }
+
+// epochs is the fitted routers' training loop: per epoch, order gives the
+// questions to train on in their epoch's order; per batch of at most batch
+// of them, loss builds the batch's loss on a fresh tape, and a backward
+// pass and an AdamW step follow; after each epoch the held-out questions
+// are routed (validation.check). A non-finite loss is an error that names
+// the learning-rate key lr.
+func epochs(ctx context.Context, d *fitData, m model, opt *adamW, n, batch int, lr string,
+	order func() []int, loss func(t *tape, idx []int) *node) error {
+	step := 0
+	for epoch := 0; epoch < n; epoch++ {
+		qs := order()
+		for lo := 0; lo < len(qs); lo += batch {
+			if err := checkCtx(ctx, step); err != nil {
+				return err
+			}
+			idx := qs[lo:min(lo+batch, len(qs))]
+			t := &tape{}
+			l := loss(t, idx)
+			if !finite(l.v[0]) {
+				return fmt.Errorf("loss %v at epoch %d; lower %s", l.v[0], epoch, lr)
+			}
+			t.backward(l)
+			opt.update()
+			step++
+		}
+		if err := d.val.check(ctx, d, m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
