@@ -123,18 +123,7 @@ var inputParts = map[string]func(s Setup) (any, error){
 			if m.Replay != nil {
 				replay = llmpool.ReplayVersion
 			}
-			if m.OpenAI != nil {
-				o := *m.OpenAI
-				o.APIKeyEnv, o.Timeout, o.MaxConcurrency, o.RequestsPerMinute = "", 0, 0, 0
-				o.MaxRetries, o.RetryBase, o.RetryMax = 0, 0, 0
-				m.OpenAI = &o
-			}
-			if m.Sim != nil {
-				sim := *m.Sim
-				sim.Latency = 0
-				m.Sim = &sim
-			}
-			models[i] = m
+			models[i] = m.WithoutOperational()
 		}
 		return struct {
 			Models        []llmpool.ModelConfig
