@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 
 	"github.com/recal-project/recal/embed"
+	"github.com/recal-project/recal/internal/atomicfile"
 	"github.com/recal-project/recal/internal/hfmodel"
 )
 
@@ -97,14 +98,14 @@ func (r *Router) Save(dir string) error {
 	}
 	if st := embed.State(r.emb); st != nil {
 		spath := filepath.Join(tmp, EmbeddingStateFile)
-		if err := hfmodel.WriteAtomic(spath, func(w io.Writer) error { _, err := w.Write(st); return err }); err != nil {
+		if err := atomicfile.Write(spath, func(w io.Writer) error { _, err := w.Write(st); return err }); err != nil {
 			return fmt.Errorf("baselines: save: %w", err)
 		}
 		if man.EmbeddingState, err = fileSHA(spath); err != nil {
 			return err
 		}
 	}
-	err = hfmodel.WriteAtomic(filepath.Join(tmp, ManifestFile), func(w io.Writer) error {
+	err = atomicfile.Write(filepath.Join(tmp, ManifestFile), func(w io.Writer) error {
 		e := json.NewEncoder(w)
 		e.SetIndent("", "  ")
 		return e.Encode(man)

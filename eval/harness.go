@@ -15,7 +15,7 @@ import (
 
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/dist"
-	"github.com/recal-project/recal/internal/hfmodel"
+	"github.com/recal-project/recal/internal/atomicfile"
 	"github.com/recal-project/recal/rollout"
 )
 
@@ -416,7 +416,7 @@ func writeTable(dir string, t interface {
 		"table.md":  func(w io.Writer) error { t.Markdown(w); return nil },
 	}
 	for name, fn := range writers {
-		if err := hfmodel.WriteAtomic(filepath.Join(dir, name), fn); err != nil {
+		if err := atomicfile.Write(filepath.Join(dir, name), fn); err != nil {
 			return err
 		}
 	}

@@ -15,7 +15,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/recal-project/recal/internal/hfmodel"
+	"github.com/recal-project/recal/internal/atomicfile"
 	"github.com/recal-project/recal/llmpool"
 	"github.com/recal-project/recal/router"
 	"github.com/recal-project/recal/torchbridge"
@@ -322,7 +322,7 @@ func claimResults(path string, id identity, log *slog.Logger) error {
 			return nil
 		}
 	}
-	return hfmodel.WriteAtomic(idPath, func(w io.Writer) error {
+	return atomicfile.Write(idPath, func(w io.Writer) error {
 		e := json.NewEncoder(w)
 		e.SetIndent("", "  ")
 		return e.Encode(id)
