@@ -127,7 +127,7 @@ func (s Stats) CriticalPath() time.Duration { return s.Decode + s.SlowestSum }
 // (End "information"): it never sees a block it wrote, and the response is
 // never well formed.
 //
-// It runs an Scheduler on the caller's goroutine with every job admitted at
+// It runs a Scheduler on the caller's goroutine with every job admitted at
 // once (job i on row i) and one seed for the whole rollout: the decoder
 // draws per row and position, so samples do not depend on how rows were
 // batched.

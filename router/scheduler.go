@@ -45,7 +45,7 @@ var (
 	ErrInvalidRow = errors.New("router: invalid response")
 )
 
-// SchedulerOptions configure an Scheduler.
+// SchedulerOptions configure a Scheduler.
 type SchedulerOptions struct {
 	// Rows is the number of cache rows: the most responses decoding
 	// together. Responses submitted beyond it wait for a free row.
@@ -187,7 +187,7 @@ type reply struct {
 	block []int32 // the <information> block to append
 }
 
-// NewScheduler makes an scheduler over dec's rows 0..opt.Rows-1, which must be
+// NewScheduler makes a scheduler over dec's rows 0..opt.Rows-1, which must be
 // empty or are reset before use.
 func NewScheduler(dec Decoder, tok Tokenizer, pool Pool, cfg Config, opt SchedulerOptions) (*Scheduler, error) {
 	if opt.Rows < 1 {

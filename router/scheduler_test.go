@@ -144,8 +144,8 @@ func pricedPool(t *testing.T, latency map[string]time.Duration, names ...string)
 	return p
 }
 
-// runEngine runs e until the test ends.
-func runEngine(t *testing.T, e *Scheduler) {
+// runScheduler runs e until the test ends.
+func runScheduler(t *testing.T, e *Scheduler) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -206,7 +206,7 @@ func TestEngineContinuousBatching(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runEngine(t, e)
+	runScheduler(t, e)
 	got := make([]Sample, len(scripts))
 	var wg sync.WaitGroup
 	for k := range scripts {
@@ -305,7 +305,7 @@ func TestEngineRowOptions(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			runEngine(t, e)
+			runScheduler(t, e)
 			var mu sync.Mutex
 			var streamed []Call
 			c.opt.OnCall = func(call Call) {
@@ -544,7 +544,7 @@ func TestEngineCancel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runEngine(t, e)
+	runScheduler(t, e)
 	ctx, cancel := context.WithCancel(context.Background())
 	slowDone := make(chan error, 1)
 	go func() {
