@@ -212,7 +212,7 @@ e2e-serve: lib
 # the minutes this run has. It is made again when what it is trimmed to
 # changes (recal.toml: the pool's names and descriptions; comments do not
 # count) or when the code that writes it changes.
-$(INIT): Makefile recal.toml $(wildcard router/*.tmpl internal/hfmodel/*.go tokenizer/*.go policyinit/*.go) trainer/sft.go | build
+$(INIT): Makefile recal.toml $(wildcard router/*.tmpl internal/hfmodel/*.go internal/atomicfile/*.go tokenizer/*.go policyinit/*.go) router/protocol.go | build
 	./bin/recal policy init --preset tiny --tokenizer tokenizer/qwen2.5 --out runs/init/tiny --seed 0 \
 		--trim-corpus data/qa --trim-corpus router --trim-corpus recal.toml --trim-vocab 4000 --copy-circuit
 
