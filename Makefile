@@ -135,7 +135,7 @@ build: lib
 	$(GOENV) $(GO) build -o bin/recal ./cmd/recal
 
 # test: vet, every test, then the race detector over the pure-Go packages,
-# where the concurrency lives (pool fan-out, rollout engine, server; about
+# where the concurrency lives (pool fan-out, rollout scheduler, server; about
 # 2 minutes on 2 cores). baselines is left out of the race run: its fitting
 # starts no goroutine, and its learning tests take many minutes under -race.
 # Last, every command README.md shows runs as shown, against a short
@@ -212,7 +212,7 @@ e2e-serve: lib
 # the minutes this run has. It is made again when what it is trimmed to
 # changes (recal.toml: the pool's names and descriptions; comments do not
 # count) or when the code that writes it changes.
-$(INIT): Makefile recal.toml $(wildcard router/*.tmpl internal/hfmodel/*.go tokenizer/*.go policyinit/*.go) trainer/sft.go | build
+$(INIT): Makefile recal.toml $(wildcard router/*.tmpl internal/hfmodel/*.go internal/atomicfile/*.go tokenizer/*.go policyinit/*.go) router/protocol.go | build
 	./bin/recal policy init --preset tiny --tokenizer tokenizer/qwen2.5 --out runs/init/tiny --seed 0 \
 		--trim-corpus data/qa --trim-corpus router --trim-corpus recal.toml --trim-vocab 4000 --copy-circuit
 

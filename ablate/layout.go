@@ -12,7 +12,7 @@ import (
 
 	"github.com/recal-project/recal/calibration"
 	"github.com/recal-project/recal/config"
-	"github.com/recal-project/recal/internal/hfmodel"
+	"github.com/recal-project/recal/internal/atomicfile"
 )
 
 // SeedDir is the folder of seed's runs in the study folder root.
@@ -115,13 +115,13 @@ func writeConfig(path string, cfg config.Config) error {
 func copyFile(src, dst string) error {
 	in, err := os.Open(src)
 	if errors.Is(err, fs.ErrNotExist) {
-		return hfmodel.WriteAtomic(dst, func(io.Writer) error { return nil })
+		return atomicfile.Write(dst, func(io.Writer) error { return nil })
 	}
 	if err != nil {
 		return fmt.Errorf("ablate: %w", err)
 	}
 	defer in.Close()
-	return hfmodel.WriteAtomic(dst, func(w io.Writer) error {
+	return atomicfile.Write(dst, func(w io.Writer) error {
 		_, err := io.Copy(w, in)
 		return err
 	})

@@ -12,7 +12,7 @@ import (
 	"strings"
 
 	"github.com/recal-project/recal/eval"
-	"github.com/recal-project/recal/internal/hfmodel"
+	"github.com/recal-project/recal/internal/atomicfile"
 )
 
 // Full is the ablation name (calibration.Ablation) of full ReCal.
@@ -385,7 +385,7 @@ func (t Table) Write(dir string) error {
 		{"ablation.csv", t.CSV},
 		{"ablation.md", func(w io.Writer) error { t.Markdown(w); return nil }},
 	} {
-		if err := hfmodel.WriteAtomic(filepath.Join(dir, f.name), f.write); err != nil {
+		if err := atomicfile.Write(filepath.Join(dir, f.name), f.write); err != nil {
 			return fmt.Errorf("ablate: %w", err)
 		}
 	}

@@ -13,7 +13,7 @@ import (
 	"strings"
 
 	"github.com/recal-project/recal/data"
-	"github.com/recal-project/recal/internal/hfmodel"
+	"github.com/recal-project/recal/internal/atomicfile"
 	"github.com/recal-project/recal/llmpool"
 )
 
@@ -185,7 +185,7 @@ func claimFolder(dir string, info PoolInfo) error {
 	if _, err := os.Stat(filepath.Join(dir, OutcomesFile)); err == nil {
 		return fmt.Errorf("%w: %s has %s but no %s naming its pool; collect into another --out", ErrOtherPool, dir, OutcomesFile, PoolFile)
 	}
-	return hfmodel.WriteAtomic(filepath.Join(dir, PoolFile), func(w io.Writer) error {
+	return atomicfile.Write(filepath.Join(dir, PoolFile), func(w io.Writer) error {
 		e := json.NewEncoder(w)
 		e.SetIndent("", "  ")
 		return e.Encode(info)

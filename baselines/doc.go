@@ -2,7 +2,7 @@
 // paper's Table 1 that learn from outcomes: the outcome matrix (Collect:
 // every pool model asked every training question directly, through the
 // pool; LoadMatrix reads it back) and four trainable routers registered in
-// one place (registry) with one signature, each documented at its model
+// one place (registry, registry.go) with one signature, each documented at its model
 // type with the paper it follows and where it departs:
 //
 //   - "mlp": RouterBench's MLP router (mlpModel);
@@ -14,10 +14,10 @@
 //
 // Fit trains one on a Matrix with question embeddings from package embed,
 // deterministically for a seed, keeping the weights that route held-out
-// questions best (select.go); Router.Save writes a folder (manifest.json,
+// questions best (fit.go, select.go); Router.Save writes a folder (manifest.json,
 // weights.safetensors, the embedder's fitted state) and Load reads it back,
 // refusing a folder that does not match its manifest (ErrCorrupt) or other
-// embeddings (ErrEmbedding). The networks are small and pure Go: a tape of
+// embeddings (ErrEmbedding) (folder.go). The networks are small and pure Go: a tape of
 // float64 matrices with hand-written backward passes and AdamW (nn.go).
 // `recal collect`, `recal fit` and eval's routers of the same names wire
 // them to the command line.

@@ -50,8 +50,7 @@ type ModelInfo struct {
 
 // PoolIdentity computes the identity of a pool: its models as configured,
 // less the settings that change how calls are made but not what they answer
-// (API-key variables, timeouts, concurrency, rate limits, retries,
-// simulated latency: the parts eval's "pool" input leaves out too), its
+// (llmpool.ModelConfig.WithoutOperational, as eval's "pool" input), its
 // query cap and failure text, and the answer bank simulated models draw
 // wrong answers from (digested). Outcomes of pools with another identity
 // are never mixed in one folder.
@@ -59,17 +58,7 @@ func PoolIdentity(cfg llmpool.Config, bank map[string][]string) (PoolInfo, error
 	models := make([]llmpool.ModelConfig, len(cfg.Models))
 	info := PoolInfo{Version: poolVersion}
 	for i, m := range cfg.Models {
-		if m.OpenAI != nil {
-			o := *m.OpenAI
-			o.APIKeyEnv, o.Timeout, o.MaxConcurrency, o.RequestsPerMinute = "", 0, 0, 0
-			o.MaxRetries, o.RetryBase, o.RetryMax = 0, 0, 0
-			m.OpenAI = &o
-		}
-		if m.Sim != nil {
-			s := *m.Sim
-			s.Latency = 0
-			m.Sim = &s
-		}
+		m = m.WithoutOperational()
 		models[i] = m
 		info.Models = append(info.Models, ModelInfo{Name: m.Name, Description: m.Description, Provider: m.Provider,
 			PriceIn: m.PriceIn, PriceOut: m.PriceOut})

@@ -61,35 +61,21 @@ func fitMLP(ctx context.Context, d *fitData, c Config, rng *rand.Rand) (model, e
 	m := newMLP(d.dim, h.Hidden, nm, rng)
 	m.cost, m.lambda = costs(d.models), h.CostLambda
 	opt := newAdamW(h.LR, h.WeightDecay, m.weights())
-	n := len(d.train)
 	ones := make([]float64, h.BatchSize*nm)
 	for i := range ones {
 		ones[i] = 1
 	}
-	step := 0
-	for epoch := 0; epoch < h.Epochs; epoch++ {
-		perm := permOf(d.train, rng)
-		for lo := 0; lo < n; lo += h.BatchSize {
-			if err := checkCtx(ctx, step); err != nil {
-				return nil, err
-			}
-			idx := perm[lo:min(lo+h.BatchSize, n)]
+	err := epochs(ctx, d, m, opt, h.Epochs, h.BatchSize, "baselines.mlp.lr",
+		func() []int { return permOf(d.train, rng) },
+		func(t *tape, idx []int) *node {
 			y := make([]float64, 0, len(idx)*nm)
 			for _, q := range idx {
 				y = append(y, d.m.F1[q]...)
 			}
-			t := &tape{}
-			loss := t.mse(m.forward(t, t.input(len(idx), d.dim, batchRows(d.x, d.dim, idx))), y, ones[:len(y)])
-			if !finite(loss.v[0]) {
-				return nil, fmt.Errorf("loss %v at epoch %d; lower baselines.mlp.lr", loss.v[0], epoch)
-			}
-			t.backward(loss)
-			opt.update()
-			step++
-		}
-		if err := d.val.check(ctx, d, m); err != nil {
-			return nil, err
-		}
+			return t.mse(m.forward(t, t.input(len(idx), d.dim, batchRows(d.x, d.dim, idx))), y, ones[:len(y)])
+		})
+	if err != nil {
+		return nil, err
 	}
 	return m, nil
 }

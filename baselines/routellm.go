@@ -88,14 +88,12 @@ func fitMF(ctx context.Context, d *fitData, c Config, rng *rand.Rand) (model, er
 		return nil, fmt.Errorf("no question separates two models (every F1 ties)")
 	}
 	opt := newAdamW(h.LR, h.WeightDecay, m.weights())
-	step := 0
-	for epoch := 0; epoch < h.Epochs; epoch++ {
-		rng.Shuffle(len(qs), func(i, j int) { qs[i], qs[j] = qs[j], qs[i] })
-		for lo := 0; lo < len(qs); lo += h.BatchSize {
-			if err := checkCtx(ctx, step); err != nil {
-				return nil, err
-			}
-			idx := qs[lo:min(lo+h.BatchSize, len(qs))]
+	err := epochs(ctx, d, m, opt, h.Epochs, h.BatchSize, "baselines.routellm_mf.lr",
+		func() []int {
+			rng.Shuffle(len(qs), func(i, j int) { qs[i], qs[j] = qs[j], qs[i] })
+			return qs
+		},
+		func(t *tape, idx []int) *node {
 			var pairs []pair
 			for r, q := range idx {
 				for _, p := range prefs[q] {
@@ -109,18 +107,10 @@ func fitMF(ctx context.Context, d *fitData, c Config, rng *rand.Rand) (model, er
 					noise[i] = h.Noise * rng.NormFloat64()
 				}
 			}
-			t := &tape{}
-			loss := t.pairBCE(m.forward(t, t.input(len(idx), d.dim, batchRows(d.x, d.dim, idx)), noise), pairs)
-			if !finite(loss.v[0]) {
-				return nil, fmt.Errorf("loss %v at epoch %d; lower baselines.routellm_mf.lr", loss.v[0], epoch)
-			}
-			t.backward(loss)
-			opt.update()
-			step++
-		}
-		if err := d.val.check(ctx, d, m); err != nil {
-			return nil, err
-		}
+			return t.pairBCE(m.forward(t, t.input(len(idx), d.dim, batchRows(d.x, d.dim, idx)), noise), pairs)
+		})
+	if err != nil {
+		return nil, err
 	}
 	return m, nil
 }

@@ -152,25 +152,18 @@ func fitDC(ctx context.Context, d *fitData, c Config, rng *rand.Rand) (model, er
 	h := c.RouterDC
 	m := newDC(d.dim, h.Hidden, h.Dim, len(d.models), h.Temperature, rng)
 	m.cost, m.lambda = costs(d.models), h.CostLambda
-	n := len(d.train)
 	var clusters []int // of every question: k-means reads no outcome
 	if h.SampleWeight > 0 {
 		clusters = kmeans(d.x, len(d.m.Questions), d.dim, min(h.Clusters, len(d.m.Questions)), 20, rng)
 	}
 	opt := newAdamW(h.LR, h.WeightDecay, m.weights())
-	step := 0
-	for epoch := 0; epoch < h.Epochs; epoch++ {
-		perm := permOf(d.train, rng)
-		for lo := 0; lo < n; lo += h.BatchSize {
-			if err := checkCtx(ctx, step); err != nil {
-				return nil, err
-			}
-			idx := perm[lo:min(lo+h.BatchSize, n)]
+	err := epochs(ctx, d, m, opt, h.Epochs, h.BatchSize, "baselines.routerdc.lr",
+		func() []int { return permOf(d.train, rng) },
+		func(t *tape, idx []int) *node {
 			f1 := make([][]float64, len(idx))
 			for r, q := range idx {
 				f1[r] = d.m.F1[q]
 			}
-			t := &tape{}
 			e := m.encode(t, t.input(len(idx), d.dim, batchRows(d.x, d.dim, idx)))
 			loss := t.choiceCE(m.similarity(t, e), sampleLLMTerms(f1, h.TopK, h.LastK), float64(len(idx)))
 			if h.SampleWeight > 0 {
@@ -183,16 +176,10 @@ func fitDC(ctx context.Context, d *fitData, c Config, rng *rand.Rand) (model, er
 					loss = t.sum2(loss, ss, h.SampleWeight)
 				}
 			}
-			if !finite(loss.v[0]) {
-				return nil, fmt.Errorf("loss %v at epoch %d; lower baselines.routerdc.lr", loss.v[0], epoch)
-			}
-			t.backward(loss)
-			opt.update()
-			step++
-		}
-		if err := d.val.check(ctx, d, m); err != nil {
-			return nil, err
-		}
+			return loss
+		})
+	if err != nil {
+		return nil, err
 	}
 	return m, nil
 }

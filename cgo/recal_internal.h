@@ -1,4 +1,5 @@
-// recal_internal.h — definitions shared by the bridge's C++ files (recal.cc,
+// recal_internal.h — definitions shared by the bridge's C++ files
+// (recal_model.cc, recal_rows.cc, recal_train.cc, recal_params.cc,
 // recal_dist.cc); not part of the C ABI. It holds the policy's layout, so
 // that the distributed operations can reach its gradients, and the error
 // convention of every extern "C" entry point.
@@ -43,7 +44,7 @@ struct Layer {
 };
 
 // Sets OpenBLAS's thread count to the calling thread's libtorch thread
-// count, when OpenBLAS is the BLAS libtorch runs on (recal.cc).
+// count, when OpenBLAS is the BLAS libtorch runs on (recal_model.cc).
 void sync_blas_threads();
 
 // Hands the pages of the heap's free memory back to the system (glibc's

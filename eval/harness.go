@@ -15,7 +15,7 @@ import (
 
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/dist"
-	"github.com/recal-project/recal/internal/hfmodel"
+	"github.com/recal-project/recal/internal/atomicfile"
 	"github.com/recal-project/recal/rollout"
 )
 
@@ -398,7 +398,14 @@ func (t Table) CSV(w io.Writer) error {
 }
 
 // Write saves table.json, table.csv and table.md in dir, each atomically.
-func (t Table) Write(dir string) error {
+func (t Table) Write(dir string) error { return writeTable(dir, t) }
+
+// writeTable saves t as table.json, table.csv and table.md in dir, each
+// atomically.
+func writeTable(dir string, t interface {
+	CSV(io.Writer) error
+	Markdown(io.Writer)
+}) error {
 	writers := map[string]func(io.Writer) error{
 		"table.json": func(w io.Writer) error {
 			e := json.NewEncoder(w)
@@ -409,7 +416,7 @@ func (t Table) Write(dir string) error {
 		"table.md":  func(w io.Writer) error { t.Markdown(w); return nil },
 	}
 	for name, fn := range writers {
-		if err := hfmodel.WriteAtomic(filepath.Join(dir, name), fn); err != nil {
+		if err := atomicfile.Write(filepath.Join(dir, name), fn); err != nil {
 			return err
 		}
 	}

@@ -15,7 +15,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/recal-project/recal/internal/hfmodel"
+	"github.com/recal-project/recal/internal/atomicfile"
 	"github.com/recal-project/recal/llmpool"
 	"github.com/recal-project/recal/router"
 	"github.com/recal-project/recal/torchbridge"
@@ -109,7 +109,7 @@ var inputParts = map[string]func(s Setup) (any, error){
 			CallFirst                        bool   `json:",omitempty"`
 			MatchClose                       bool   `json:",omitempty"`
 			Engine                           int    `json:",omitempty"`
-		}{rc.MaxTurns, rc.TurnTokens, rc.InfoTokens, tmpl, rc.NoRepeatNGram, onRepeat, rc.AnswerSpan, rc.SearchNames, rc.CallFirst, rc.MatchClose, router.EngineVersion}, nil
+		}{rc.MaxTurns, rc.TurnTokens, rc.InfoTokens, tmpl, rc.NoRepeatNGram, onRepeat, rc.AnswerSpan, rc.SearchNames, rc.CallFirst, rc.MatchClose, router.DecodeVersion}, nil
 	},
 	// pool: the models as configured, less the settings that change how
 	// calls are made but not what they answer.
@@ -123,18 +123,7 @@ var inputParts = map[string]func(s Setup) (any, error){
 			if m.Replay != nil {
 				replay = llmpool.ReplayVersion
 			}
-			if m.OpenAI != nil {
-				o := *m.OpenAI
-				o.APIKeyEnv, o.Timeout, o.MaxConcurrency, o.RequestsPerMinute = "", 0, 0, 0
-				o.MaxRetries, o.RetryBase, o.RetryMax = 0, 0, 0
-				m.OpenAI = &o
-			}
-			if m.Sim != nil {
-				sim := *m.Sim
-				sim.Latency = 0
-				m.Sim = &sim
-			}
-			models[i] = m
+			models[i] = m.WithoutOperational()
 		}
 		return struct {
 			Models        []llmpool.ModelConfig
@@ -333,7 +322,7 @@ func claimResults(path string, id identity, log *slog.Logger) error {
 			return nil
 		}
 	}
-	return hfmodel.WriteAtomic(idPath, func(w io.Writer) error {
+	return atomicfile.Write(idPath, func(w io.Writer) error {
 		e := json.NewEncoder(w)
 		e.SetIndent("", "  ")
 		return e.Encode(id)

@@ -9,7 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/recal-project/recal/internal/hfmodel"
+	"github.com/recal-project/recal/internal/atomicfile"
 	"github.com/recal-project/recal/plot"
 )
 
@@ -32,7 +32,7 @@ func (r Report) Write(dir string) error {
 		{"frontier.md", r.Markdown},
 	}
 	for _, wr := range writers {
-		if err := hfmodel.WriteAtomic(filepath.Join(dir, wr.name), wr.fn); err != nil {
+		if err := atomicfile.Write(filepath.Join(dir, wr.name), wr.fn); err != nil {
 			return err
 		}
 	}

@@ -86,6 +86,26 @@ type ModelConfig struct {
 	Replay *ReplayConfig `toml:"replay" json:",omitempty"` // omitempty: a pool without replay keeps its identity (the JSON identities hash)
 }
 
+// WithoutOperational is m less the settings that change how calls are made
+// but not what they answer: an openai model's API-key variable, timeout,
+// concurrency, rate limit and retries, a simulated model's latency. What is
+// keyed by a pool's answers (eval's "pool" input, the outcome matrix's pool
+// identity) is keyed by it. m's provider tables are copied, never changed.
+func (m ModelConfig) WithoutOperational() ModelConfig {
+	if m.OpenAI != nil {
+		o := *m.OpenAI
+		o.APIKeyEnv, o.Timeout, o.MaxConcurrency, o.RequestsPerMinute = "", 0, 0, 0
+		o.MaxRetries, o.RetryBase, o.RetryMax = 0, 0, 0
+		m.OpenAI = &o
+	}
+	if m.Sim != nil {
+		s := *m.Sim
+		s.Latency = 0
+		m.Sim = &s
+	}
+	return m
+}
+
 // OpenAIConfig is the [pool.models.openai] table: an OpenAI-compatible
 // chat-completions endpoint.
 type OpenAIConfig struct {

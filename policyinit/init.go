@@ -23,9 +23,9 @@ import (
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/internal/hfmodel"
 	"github.com/recal-project/recal/internal/inputfile"
+	"github.com/recal-project/recal/router"
 	"github.com/recal-project/recal/tokenizer"
 	"github.com/recal-project/recal/torchbridge"
-	"github.com/recal-project/recal/trainer"
 )
 
 // Options say what Init writes.
@@ -166,7 +166,7 @@ func writeCopyCircuit(p *torchbridge.Policy, cfg *hfmodel.Config, seed uint64) e
 // descriptions; not comments, so editing a comment does not change the
 // vocabulary), and the protocol's own strings; other files are skipped.
 func trimCorpus(paths []string) ([]string, error) {
-	corpus := []string{trainer.ProtocolText}
+	corpus := []string{router.ProtocolText}
 	for _, root := range paths {
 		err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
 			if err != nil {

@@ -79,12 +79,12 @@ type ServiceAnswer struct {
 // Service answers questions with the policy for a server: queries that
 // arrive at any time decode together as rows of one KV cache (admitted
 // between decode steps, removed when done), while their pool calls run
-// concurrently, on the same engine (router.Engine) as training rollouts.
+// concurrently, on the same scheduler (router.Scheduler) as training rollouts.
 // Answer and Stats are safe for concurrent use.
 type Service struct {
 	env      *Env
 	cache    *torchbridge.Cache
-	eng      *router.Engine
+	sched    *router.Scheduler
 	capacity int // tokens per cache row
 	ran      atomic.Bool
 
@@ -92,7 +92,7 @@ type Service struct {
 	prompts map[string]*router.Prompt
 }
 
-// resettable is the policy's cache as the engine drives it.
+// resettable is the policy's cache as the scheduler drives it.
 type resettable struct{ Decoder }
 
 func (d resettable) Reset(ctx context.Context, rows ...int) error { return d.C.Reset(ctx, rows...) }
@@ -103,7 +103,7 @@ func (d resettable) Reset(ctx context.Context, rows ...int) error { return d.C.R
 // the policy's context. At most maxSamplings distinct sampling settings
 // decode together (each is a decode call of its own per step); a query with
 // another waits for a row, first come, first served
-// (router.EngineOptions.MaxSamplings). seed seeds sampling; it advances per
+// (router.SchedulerOptions.MaxSamplings). seed seeds sampling; it advances per
 // decode step, so a sampled answer depends on the other rows' timing. The
 // cache is freed when Run returns.
 func (e *Env) NewService(maxBatch, maxSamplings int, seed uint64) (*Service, error) {
@@ -127,13 +127,13 @@ func (e *Env) NewService(maxBatch, maxSamplings int, seed uint64) (*Service, err
 	if err != nil {
 		return nil, err
 	}
-	eng, err := router.NewEngine(resettable{Decoder{C: cache}}, e.Engine.Tok, e.Pool, e.Router,
-		router.EngineOptions{Rows: maxBatch, EOS: e.Engine.EOS, Seed: seed, StepSeeds: true, MaxSamplings: maxSamplings})
+	sched, err := router.NewScheduler(resettable{Decoder{C: cache}}, e.Engine.Tok, e.Pool, e.Router,
+		router.SchedulerOptions{Rows: maxBatch, EOS: e.Engine.EOS, Seed: seed, StepSeeds: true, MaxSamplings: maxSamplings})
 	if err != nil {
 		cache.Close()
 		return nil, err
 	}
-	return &Service{env: e, cache: cache, eng: eng, capacity: capacity, prompts: map[string]*router.Prompt{}}, nil
+	return &Service{env: e, cache: cache, sched: sched, capacity: capacity, prompts: map[string]*router.Prompt{}}, nil
 }
 
 // Run is the decode loop: all the policy's work happens here (on its torch
@@ -146,11 +146,11 @@ func (s *Service) Run(ctx context.Context) error {
 		return errors.New("rollout: service: Run called twice")
 	}
 	defer s.cache.Close()
-	return s.eng.Run(ctx)
+	return s.sched.Run(ctx)
 }
 
 // Stats reports the rows decoding and the queries waiting for a row.
-func (s *Service) Stats() (active, waiting int) { return s.eng.Load() }
+func (s *Service) Stats() (active, waiting int) { return s.sched.Load() }
 
 // Answer runs the routing protocol for one question. It blocks until a row
 // is free and the answer is done; cancelling ctx cancels the row and its
@@ -190,7 +190,7 @@ func (s *Service) Answer(ctx context.Context, q ServiceQuery) (ServiceAnswer, er
 			opt.Models = append(opt.Models, m.Name)
 		}
 	}
-	sample, err := s.eng.Do(ctx, router.Job{Question: pq, Prompt: ToInt32(ids)}, opt)
+	sample, err := s.sched.Do(ctx, router.Job{Question: pq, Prompt: ToInt32(ids)}, opt)
 	if errors.Is(err, router.ErrInvalidRow) {
 		return ServiceAnswer{}, fmt.Errorf("%w: %w", ErrInvalidQuery, err)
 	}

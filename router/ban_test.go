@@ -124,7 +124,7 @@ func TestNoRepeatNGramEndsLoops(t *testing.T) {
 
 // stubborn writes prefix, then loop forever; it cannot ban tokens. After a
 // feed of several tokens that is not the prompt (an <information> block,
-// or a tag the engine closed) it writes after instead. It records every
+// or a tag the scheduler closed) it writes after instead. It records every
 // token each row was fed.
 type stubborn struct {
 	tok                 Tokenizer
@@ -188,7 +188,7 @@ func TestOnRepeatClose(t *testing.T) {
 		if c.onRepeat != OnRepeatClose {
 			d = freshRows{&banIgnored{dec}}
 		}
-		e, err := NewEngine(d, tok, pool, cfg, EngineOptions{Rows: 1, EOS: eos, Seed: 1})
+		e, err := NewScheduler(d, tok, pool, cfg, SchedulerOptions{Rows: 1, EOS: eos, Seed: 1})
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}

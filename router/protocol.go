@@ -24,6 +24,16 @@ const (
 	AnswerClose = "</answer>"
 )
 
+// DemoThinkSearch is what the format demonstrations of the SFT warm-up
+// (trainer) think before a <search>.
+const DemoThinkSearch = "I will ask a model."
+
+// ProtocolText holds the fixed strings of the protocol, the demonstrations
+// and the pool's replies, for building compact vocabularies (policyinit).
+var ProtocolText = strings.Join([]string{ThinkOpen, ThinkClose, SearchOpen, SearchClose,
+	"\n\n" + InfoOpen, InfoClose + "\n\n", AnswerOpen, AnswerClose, DemoThinkSearch,
+	"[simulated ] The answer is .", "[pool error: model  unavailable]", "[router: unknown model"}, "\n")
+
 // ActionKind says what a turn asked for.
 type ActionKind int
 

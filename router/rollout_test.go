@@ -297,7 +297,7 @@ func TestRolloutHugeReply(t *testing.T) {
 }
 
 // A Job's Models restrict what Rollout lets its response call, as
-// RowOptions.Models does for Engine.Submit (train.model_subsets): a
+// RowOptions.Models does for Scheduler.Submit (train.model_subsets): a
 // <search> naming a pool model outside them is an unknown model, with no
 // pool call.
 func TestRolloutJobModels(t *testing.T) {

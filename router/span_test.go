@@ -169,8 +169,8 @@ func TestSearchNames(t *testing.T) {
 		}
 	}
 	// A pool that cannot list its models is refused up front.
-	if _, err := NewEngine(freshRows{&wishful{tok: tok, vocab: 10}}, tok, struct{ Pool }{pool}, Config{MaxTurns: 1, TurnTokens: 8, InfoTokens: 8, SearchNames: true},
-		EngineOptions{Rows: 1, EOS: eos}); err == nil || !strings.Contains(err.Error(), "search_names") {
+	if _, err := NewScheduler(freshRows{&wishful{tok: tok, vocab: 10}}, tok, struct{ Pool }{pool}, Config{MaxTurns: 1, TurnTokens: 8, InfoTokens: 8, SearchNames: true},
+		SchedulerOptions{Rows: 1, EOS: eos}); err == nil || !strings.Contains(err.Error(), "search_names") {
 		t.Fatalf("a pool without Models: error %v", err)
 	}
 }

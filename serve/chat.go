@@ -175,9 +175,9 @@ func (c *completion) summary(res Result, withTrace bool) *recalResult {
 	cost := roundUSD(res.CostUSD)
 	rr := &recalResult{TotalCostUSD: &cost, End: res.Sample.End, Usage: ru, ModelsCalled: calledModels(res.Sample)}
 	if withTrace {
-		trace := make([]TraceEntry, 0, len(res.Sample.Calls))
+		trace := make([]RoutingTurn, 0, len(res.Sample.Calls))
 		for _, call := range res.Sample.Calls {
-			trace = append(trace, traceEntry(call))
+			trace = append(trace, routingTurn(call))
 		}
 		rr.Trace = &trace
 		text := res.Sample.Text
@@ -220,7 +220,7 @@ func (c *completion) record(res Result, aerr *apiError) {
 	}
 	_, ru := usageOf(res)
 	q := c.req.query
-	line := TraceLine{Time: c.start.UTC(), RequestID: ri.id, Model: s.opt.Name, User: c.req.user, Question: q.Question,
+	line := RequestTrace{Time: c.start.UTC(), RequestID: ri.id, Model: s.opt.Name, User: c.req.user, Question: q.Question,
 		Answer: res.Answer, Response: res.Sample.Text, Calls: res.Sample.Calls, End: res.Sample.End, Tokens: res.PolicyCompletionTokens,
 		Usage: *ru, CostUSD: res.CostUSD, Status: http.StatusOK, LatencyMS: float64(time.Since(c.start).Microseconds()) / 1000,
 		Request: traceRequest{Models: q.Models, MaxTurns: q.MaxTurns, MaxCostUSD: q.MaxCostUSD, Temperature: q.Sampling.Temperature,
@@ -243,10 +243,10 @@ func (c *completion) record(res Result, aerr *apiError) {
 	}
 }
 
-// TraceLine is one line of --trace: a request's question, response and pool
-// calls, with the field names of rollouts.jsonl's per-response records
+// RequestTrace is one line of --trace: a request's question, response and
+// pool calls, with the field names of rollouts.jsonl's per-response records
 // (question, response, calls, end, policy_tokens).
-type TraceLine struct {
+type RequestTrace struct {
 	Time      time.Time     `json:"time"`
 	RequestID string        `json:"request_id"`
 	Model     string        `json:"model"`
@@ -418,5 +418,5 @@ func (c *completion) stream(ctx context.Context, w http.ResponseWriter, r *http.
 
 // turnChunk is the recal object of a streamed turn: its trace entry.
 func turnChunk(call router.Call) *recalResult {
-	return &recalResult{Trace: &[]TraceEntry{traceEntry(call)}}
+	return &recalResult{Trace: &[]RoutingTurn{routingTurn(call)}}
 }

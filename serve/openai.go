@@ -410,7 +410,7 @@ type chatChunk struct {
 type recalResult struct {
 	// Trace is the router's pool calls, turn by turn ([] when none; in a
 	// streamed turn chunk, that turn's entry; absent from the final chunk).
-	Trace *[]TraceEntry `json:"trace,omitempty"`
+	Trace *[]RoutingTurn `json:"trace,omitempty"`
 	// TotalCostUSD is the pool calls' cost at list prices.
 	TotalCostUSD *float64 `json:"total_cost_usd,omitempty"`
 	// End says why the router stopped: "answer", "eos", "length", ...
@@ -431,9 +431,9 @@ type recalUsage struct {
 	PoolCompletionTokens   int `json:"pool_completion_tokens"`
 }
 
-// TraceEntry is one routing turn: a <search> the policy wrote and the pool's
-// answer to it.
-type TraceEntry struct {
+// RoutingTurn is one routing turn of a response's recal.trace: a <search>
+// the policy wrote and the pool's answer to it.
+type RoutingTurn struct {
 	// Turn counts the policy's <search> actions from 0.
 	Turn int `json:"turn"`
 	// Model is the pool model called (or, when Failed with no call made,
@@ -460,9 +460,9 @@ type TraceEntry struct {
 	Refused bool `json:"refused,omitempty"`
 }
 
-// traceEntry converts a pool call.
-func traceEntry(c router.Call) TraceEntry {
-	e := TraceEntry{Turn: c.Turn, Model: c.Model, SubQuery: c.Query, LatencyMS: float64(c.Latency.Microseconds()) / 1000,
+// routingTurn converts a pool call.
+func routingTurn(c router.Call) RoutingTurn {
+	e := RoutingTurn{Turn: c.Turn, Model: c.Model, SubQuery: c.Query, LatencyMS: float64(c.Latency.Microseconds()) / 1000,
 		CostUSD: roundUSD(c.Cost), Cached: c.Cached, Failed: c.Failed,
 		Unknown: c.Unknown, Refused: c.Refused}
 	e.PromptTokens, e.CompletionTokens = c.PromptTokens, c.CompletionTokens

@@ -58,7 +58,7 @@ type Options struct {
 	// Log receives the access log and errors; nil discards them.
 	Log *slog.Logger
 	// Trace, when not nil, gets one JSON line per chat completion (see
-	// TraceLine); writes are serialised.
+	// RequestTrace); writes are serialised.
 	Trace io.Writer
 }
 

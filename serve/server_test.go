@@ -167,12 +167,12 @@ func TestChatCompletion(t *testing.T) {
 		} `json:"-"`
 		RawUsage map[string]int `json:"usage"`
 		Recal    struct {
-			Trace        []TraceEntry `json:"trace"`
-			TotalCostUSD float64      `json:"total_cost_usd"`
-			End          string       `json:"end"`
-			Usage        recalUsage   `json:"usage"`
-			ModelsCalled []string     `json:"models_called"`
-			Response     string       `json:"response"`
+			Trace        []RoutingTurn `json:"trace"`
+			TotalCostUSD float64       `json:"total_cost_usd"`
+			End          string        `json:"end"`
+			Usage        recalUsage    `json:"usage"`
+			ModelsCalled []string      `json:"models_called"`
+			Response     string        `json:"response"`
 		} `json:"recal"`
 	}
 	if err := json.Unmarshal(body, &got); err != nil {
@@ -327,7 +327,7 @@ func TestStream(t *testing.T) {
 	}
 	for i := range 2 {
 		var rr struct {
-			Trace []TraceEntry `json:"trace"`
+			Trace []RoutingTurn `json:"trace"`
 		}
 		json.Unmarshal(chunks[i].Recal, &rr)
 		if len(chunks[i].Choices) != 1 || len(chunks[i].Choices[0].Delta) != 0 || len(rr.Trace) != 1 || rr.Trace[0].Turn != i {
@@ -862,7 +862,7 @@ func TestMetricsRefusals(t *testing.T) {
 	if strings.Contains(text, "gpt-typo") {
 		t.Error("a model name the policy wrote became a metric label")
 	}
-	e := traceEntry(calls[2])
+	e := routingTurn(calls[2])
 	if !e.Failed || !e.Refused || e.Failure != router.BudgetText {
 		t.Errorf("trace entry of a refused search %+v, want failed, refused and the budget text", e)
 	}

@@ -20,7 +20,7 @@ import (
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/embed"
 	"github.com/recal-project/recal/eval"
-	"github.com/recal-project/recal/internal/hfmodel"
+	"github.com/recal-project/recal/internal/atomicfile"
 	"github.com/recal-project/recal/llmpool"
 	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/torchbridge"
@@ -395,7 +395,7 @@ func fit(ctx context.Context, cfg config.Config, outcomes, routerDir string, nam
 		if err := r.Save(dir); err != nil {
 			return made, err
 		}
-		if err := hfmodel.WriteAtomic(stampPath, func(w io.Writer) error { _, err := w.Write(stamp); return err }); err != nil {
+		if err := atomicfile.Write(stampPath, func(w io.Writer) error { _, err := w.Write(stamp); return err }); err != nil {
 			return made, err
 		}
 		made = append(made, name)
@@ -457,7 +457,7 @@ func routerR1(ctx context.Context, cfg config.Config, dir, recalRun string, o Op
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return false, fmt.Errorf("table1: %w", err)
 	}
-	if err := hfmodel.WriteAtomic(stamp, func(w io.Writer) error { _, err := io.WriteString(w, startID); return err }); err != nil {
+	if err := atomicfile.Write(stamp, func(w io.Writer) error { _, err := io.WriteString(w, startID); return err }); err != nil {
 		return false, err
 	}
 	// Resume also when no checkpoint exists yet: a run stopped before its

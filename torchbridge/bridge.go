@@ -1,6 +1,6 @@
 // Package torchbridge runs the routing policy, a Qwen2-architecture decoder,
 // through libtorch. It is the only package of recal that uses cgo; the C++
-// lives in cgo/recal.cc behind the C ABI of cgo/recal.h and is built into
+// lives in cgo/recal_*.cc behind the C ABI of cgo/recal.h and is built into
 // build/librecal.a by the Makefile (`make build`).
 //
 // All torch work runs on one goroutine locked to an OS thread, so concurrent

@@ -129,11 +129,11 @@ type Step struct {
 	// Workers shares at once (at most one per core): the torch thread takes the first, helper
 	// threads (one libtorch thread each) the others. With log-probs asked
 	// for, a row's result does not depend on the rows sharing its call
-	// (row-invariant kernels, see cgo/recal.cc), so the split changes no
+	// (row-invariant kernels, see cgo/recal_rows.cc), so the split changes no
 	// bit of any result, only the wall time. Otherwise, and for one row,
 	// the call runs whole on the torch thread. A share that fails may
 	// leave the other shares' rows extended: the call's error is then the
-	// cache's end (the rollout engine stops on it).
+	// cache's end (the rollout scheduler stops on it).
 	Workers int
 }
 

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/recal-project/recal/data"
+	"github.com/recal-project/recal/internal/atomicfile"
 	"github.com/recal-project/recal/internal/hfmodel"
 	"github.com/recal-project/recal/rollout"
 )
@@ -114,7 +115,7 @@ func (r *runDir) checkpoint(eng *rollout.Engine, st *State, sampler *data.Sample
 			return eng.Policy.SaveOptimizer(filepath.Join(staging, "optimizer.safetensors"))
 		}},
 		{"write trainer_state.json", func() error {
-			return hfmodel.WriteAtomic(filepath.Join(staging, "trainer_state.json"), func(w io.Writer) error {
+			return atomicfile.Write(filepath.Join(staging, "trainer_state.json"), func(w io.Writer) error {
 				_, err := w.Write(state)
 				return err
 			})
@@ -225,7 +226,7 @@ func (r *runDir) keepBest(b bestCheckpoint) error {
 		{"switch best", func() error { return os.Rename(link, filepath.Join(ck, "best")) }},
 		{"sync checkpoints/ after best", func() error { return syncDir(ck) }},
 		{"write best.json", func() error {
-			return hfmodel.WriteAtomic(filepath.Join(ck, "best.json"), func(w io.Writer) error {
+			return atomicfile.Write(filepath.Join(ck, "best.json"), func(w io.Writer) error {
 				_, err := w.Write(append(text, '\n'))
 				return err
 			})

@@ -312,7 +312,7 @@ func lastLine(out, marker string) string {
 // With a micro-batch that falls whole on one rank (train.micro_batch
 // divides a rank's rows) they are exact between one process and N ranks:
 // decoding with log-probs gives a row the same bits whatever rows share its
-// call (cgo/recal.cc, block_linear), and a micro-batch's gradient is summed
+// call (cgo/recal_rows.cc, the row-invariant kernels), and a micro-batch's gradient is summed
 // whole before it is added to the others, as the all-reduce adds the
 // ranks'. match.loss loosens them for other layouts.
 var lossMetrics = map[string]bool{"loss": true, "entropy": true, "kl": true, "ratio": true, "clip_frac": true, "grad_norm": true}

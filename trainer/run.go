@@ -14,7 +14,7 @@ import (
 	"github.com/recal-project/recal/calibration"
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
-	"github.com/recal-project/recal/internal/hfmodel"
+	"github.com/recal-project/recal/internal/atomicfile"
 	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/router"
 )
@@ -301,7 +301,7 @@ func truncateLog(path string, keep int, keepSFT bool) error {
 			out.Write(line)
 		}
 	}
-	return hfmodel.WriteAtomic(path, func(w io.Writer) error {
+	return atomicfile.Write(path, func(w io.Writer) error {
 		_, err := w.Write(out.Bytes())
 		return err
 	})

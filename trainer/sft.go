@@ -20,14 +20,8 @@ import (
 // which model to call is left to GRPO: demonstrations pick pool models
 // uniformly.
 const (
-	demoThinkSearch = "I will ask a model."
+	demoThinkSearch = router.DemoThinkSearch
 )
-
-// ProtocolText holds the fixed strings of the protocol, the demonstrations
-// and the pool's replies, for building compact vocabularies.
-var ProtocolText = strings.Join([]string{router.ThinkOpen, router.ThinkClose, router.SearchOpen, router.SearchClose,
-	"\n\n" + router.InfoOpen, router.InfoClose + "\n\n", router.AnswerOpen, router.AnswerClose, demoThinkSearch,
-	"[simulated ] The answer is .", "[pool error: model  unavailable]", "[router: unknown model"}, "\n")
 
 // Demo is one format demonstration: prompt + policy turns + the real reply
 // of the pool model it calls.

@@ -20,7 +20,7 @@ import (
 
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
-	"github.com/recal-project/recal/internal/hfmodel"
+	"github.com/recal-project/recal/internal/atomicfile"
 	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/router"
 	"github.com/recal-project/recal/tokenizer"
@@ -239,7 +239,7 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 	if err := eng.Policy.Save(staging); err != nil {
 		return err
 	}
-	if err := hfmodel.WriteAtomic(filepath.Join(staging, "sft.jsonl"), func(w io.Writer) error {
+	if err := atomicfile.Write(filepath.Join(staging, "sft.jsonl"), func(w io.Writer) error {
 		e := json.NewEncoder(w)
 		for _, l := range lines {
 			if err := e.Encode(l); err != nil {
@@ -250,7 +250,7 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 	}); err != nil {
 		return err
 	}
-	if err := hfmodel.WriteAtomic(filepath.Join(staging, Manifest), func(w io.Writer) error {
+	if err := atomicfile.Write(filepath.Join(staging, Manifest), func(w io.Writer) error {
 		e := json.NewEncoder(w)
 		e.SetIndent("", "  ")
 		return e.Encode(spec)

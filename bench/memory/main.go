@@ -201,8 +201,12 @@ func trainPeak(p hfmodel.MemoryPlan) int64 {
 	return max(p.Reference.Peak(), p.Update.Peak(), p.Step.Peak())
 }
 
-func memInfo(key string) (int64, error) {
-	b, err := os.ReadFile("/proc/meminfo")
+func memInfo(key string) (int64, error) { return procKB("/proc/meminfo", key) }
+
+// procKB reads the line "KEY: N kB" of a /proc file (meminfo, status), in
+// bytes.
+func procKB(path, key string) (int64, error) {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return 0, err
 	}
@@ -212,7 +216,7 @@ func memInfo(key string) (int64, error) {
 			return kb << 10, err
 		}
 	}
-	return 0, fmt.Errorf("/proc/meminfo has no %s", key)
+	return 0, fmt.Errorf("%s has no %s", path, key)
 }
 
 func parent() error {
@@ -435,19 +439,7 @@ func run(s setup) ([]report, error) {
 	return reps, first
 }
 
-func status(key string) (int64, error) {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0, err
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) >= 2 && f[0] == key+":" {
-			kb, err := strconv.ParseInt(f[1], 10, 64)
-			return kb << 10, err
-		}
-	}
-	return 0, fmt.Errorf("/proc/self/status has no %s", key)
-}
+func status(key string) (int64, error) { return procKB("/proc/self/status", key) }
 
 // child is one rank of configuration spec.
 func child(spec string) error {

@@ -11,7 +11,7 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/recal-project/recal/baselines"
-	"github.com/recal-project/recal/internal/hfmodel"
+	"github.com/recal-project/recal/internal/atomicfile"
 	"github.com/recal-project/recal/leakage"
 	"github.com/recal-project/recal/llmpool"
 	"github.com/recal-project/recal/outcomes"
@@ -106,7 +106,7 @@ func outcomesCommand() *cli.Command {
 					return err
 				}
 				if out := cmd.String("out"); out != "" {
-					if err := hfmodel.WriteAtomic(out, func(w io.Writer) error {
+					if err := atomicfile.Write(out, func(w io.Writer) error {
 						enc := json.NewEncoder(w)
 						enc.SetIndent("", "  ")
 						return enc.Encode(rep)

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/recal-project/recal/internal/atomicfile"
 	"github.com/recal-project/recal/internal/inputfile"
 )
 
@@ -98,7 +99,7 @@ func WriteChecksums(dir string) error {
 		}
 		fmt.Fprintf(&out, "%s  %s\n", sum, name)
 	}
-	return WriteAtomic(filepath.Join(dir, ChecksumFile), func(w io.Writer) error {
+	return atomicfile.Write(filepath.Join(dir, ChecksumFile), func(w io.Writer) error {
 		_, err := w.Write(out.Bytes())
 		return err
 	})

@@ -1,7 +1,6 @@
 package hfmodel
 
 import (
-	"bufio"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -13,6 +12,7 @@ import (
 	"slices"
 	"sort"
 
+	"github.com/recal-project/recal/internal/atomicfile"
 	"github.com/recal-project/recal/internal/inputfile"
 )
 
@@ -328,7 +328,7 @@ func WriteSafetensors(path string, specs []TensorSpec, meta map[string]string, f
 	for len(hb)%8 != 0 { // the format pads the header with spaces to 8 bytes
 		hb = append(hb, ' ')
 	}
-	return WriteAtomic(path, func(wr io.Writer) error {
+	return atomicfile.Write(path, func(wr io.Writer) error {
 		var n [8]byte
 		binary.LittleEndian.PutUint64(n[:], uint64(len(hb)))
 		if _, err := wr.Write(n[:]); err != nil {
@@ -348,48 +348,4 @@ func WriteSafetensors(path string, specs []TensorSpec, meta map[string]string, f
 		}
 		return nil
 	})
-}
-
-// WriteAtomic writes a file through a temporary file in the same folder that
-// is fsynced and renamed into place, so a crash leaves either the old file or
-// the new one, never a torn one.
-func WriteAtomic(path string, write func(io.Writer) error) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("hfmodel: %w", err)
-	}
-	tmp := f.Name()
-	ok := false
-	defer func() {
-		if !ok {
-			f.Close()
-			os.Remove(tmp)
-		}
-	}()
-	bw := bufio.NewWriterSize(f, 1<<20)
-	if err := write(bw); err != nil {
-		return fmt.Errorf("hfmodel: %s: %w", path, err)
-	}
-	if err := bw.Flush(); err != nil {
-		return fmt.Errorf("hfmodel: %s: %w", path, err)
-	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("hfmodel: %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("hfmodel: %s: %w", path, err)
-	}
-	if err := os.Chmod(tmp, 0o644); err != nil {
-		return fmt.Errorf("hfmodel: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("hfmodel: %w", err)
-	}
-	ok = true
-	if d, err := os.Open(dir); err == nil { // persist the rename
-		d.Sync()
-		d.Close()
-	}
-	return nil
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Independent reference for the GRPO loss of rc_policy_backward (recal.h).
 
-Written from the objective, not from recal.cc: in float64 with PyTorch, the
+Written from the objective, not from recal_train.cc: in float64 with PyTorch, the
 way PPO-style trainers (verl's compute_policy_loss) write it, from logged
 per-token quantities of one mini-batch:
 

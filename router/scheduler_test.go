@@ -144,8 +144,8 @@ func pricedPool(t *testing.T, latency map[string]time.Duration, names ...string)
 	return p
 }
 
-// runEngine runs e until the test ends.
-func runEngine(t *testing.T, e *Engine) {
+// runScheduler runs e until the test ends.
+func runScheduler(t *testing.T, e *Scheduler) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -202,11 +202,11 @@ func TestEngineContinuousBatching(t *testing.T) {
 		want[k] = out[0]
 	}
 	dec := newScripted(tok, scripts...)
-	e, err := NewEngine(dec, tok, pool, cfg, EngineOptions{Rows: 2, EOS: eos, Seed: 1})
+	e, err := NewScheduler(dec, tok, pool, cfg, SchedulerOptions{Rows: 2, EOS: eos, Seed: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	runEngine(t, e)
+	runScheduler(t, e)
 	got := make([]Sample, len(scripts))
 	var wg sync.WaitGroup
 	for k := range scripts {
@@ -221,7 +221,7 @@ func TestEngineContinuousBatching(t *testing.T) {
 	wg.Wait()
 	for k := range scripts {
 		if !sameSample(got[k], want[k]) {
-			t.Errorf("response %d through the shared engine: end %q, %d calls, text %q\nwant what Rollout gives it alone: end %q, %d calls, text %q",
+			t.Errorf("response %d through the shared scheduler: end %q, %d calls, text %q\nwant what Rollout gives it alone: end %q, %d calls, text %q",
 				k, got[k].End, len(got[k].Calls), got[k].Text, want[k].End, len(want[k].Calls), want[k].Text)
 		}
 	}
@@ -300,12 +300,12 @@ func TestEngineRowOptions(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			pool := pricedPool(t, nil, "sim-a", "sim-b")
-			e, err := NewEngine(newScripted(tok, c.script), tok, pool, Config{MaxTurns: 3, TurnTokens: 24, InfoTokens: 32},
-				EngineOptions{Rows: 1, EOS: []int32{int32(tok.EOS())}})
+			e, err := NewScheduler(newScripted(tok, c.script), tok, pool, Config{MaxTurns: 3, TurnTokens: 24, InfoTokens: 32},
+				SchedulerOptions{Rows: 1, EOS: []int32{int32(tok.EOS())}})
 			if err != nil {
 				t.Fatal(err)
 			}
-			runEngine(t, e)
+			runScheduler(t, e)
 			var mu sync.Mutex
 			var streamed []Call
 			c.opt.OnCall = func(call Call) {
@@ -345,15 +345,15 @@ func TestEngineRowOptions(t *testing.T) {
 }
 
 // Rows with different sampling never share a decode step's Extend call;
-// Rollout keeps one seed, a server's engine advances it per step.
+// Rollout keeps one seed, a server's scheduler advances it per step.
 func TestEngineSamplingAndSeeds(t *testing.T) {
 	tok := loadTok(t)
 	pool := simPool(t, 0)
 	script := []string{"<think>" + strings.Repeat("word ", 10) + "</think><answer>a</answer>"}
 	for _, stepSeeds := range []bool{false, true} {
 		dec := newScripted(tok, script)
-		e, err := NewEngine(dec, tok, pool, Config{MaxTurns: 3, TurnTokens: 48, InfoTokens: 32},
-			EngineOptions{Rows: 4, EOS: []int32{int32(tok.EOS())}, Seed: 7, StepSeeds: stepSeeds})
+		e, err := NewScheduler(dec, tok, pool, Config{MaxTurns: 3, TurnTokens: 48, InfoTokens: 32},
+			SchedulerOptions{Rows: 4, EOS: []int32{int32(tok.EOS())}, Seed: 7, StepSeeds: stepSeeds})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -392,7 +392,7 @@ func TestEngineSamplingAndSeeds(t *testing.T) {
 	}
 }
 
-// With EngineOptions.MaxSamplings, no decode step holds more distinct
+// With SchedulerOptions.MaxSamplings, no decode step holds more distinct
 // samplings than the bound (each is Extend calls of its own), every
 // response still ends, and settings that draw alike share a call (greedy
 // whatever its top_p; top_p 1 and 0). Without the bound, the same
@@ -420,8 +420,8 @@ func TestEngineMaxSamplings(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dec := newScripted(tok, scripts...)
-			e, err := NewEngine(dec, tok, pool, Config{MaxTurns: 1, TurnTokens: 64, InfoTokens: 8},
-				EngineOptions{Rows: 4, EOS: []int32{int32(tok.EOS())}, Seed: 3, StepSeeds: true, MaxSamplings: c.max})
+			e, err := NewScheduler(dec, tok, pool, Config{MaxTurns: 1, TurnTokens: 64, InfoTokens: 8},
+				SchedulerOptions{Rows: 4, EOS: []int32{int32(tok.EOS())}, Seed: 3, StepSeeds: true, MaxSamplings: c.max})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -466,9 +466,9 @@ func TestEngineMaxSamplings(t *testing.T) {
 			dec.checkClean(t)
 		})
 	}
-	if _, err := NewEngine(newScripted(tok), tok, pool, Config{MaxTurns: 1, TurnTokens: 8, InfoTokens: 8},
-		EngineOptions{Rows: 1, MaxSamplings: -1}); err == nil || !strings.Contains(err.Error(), "samplings") {
-		t.Errorf("NewEngine with MaxSamplings -1: %v; want an error naming the samplings bound", err)
+	if _, err := NewScheduler(newScripted(tok), tok, pool, Config{MaxTurns: 1, TurnTokens: 8, InfoTokens: 8},
+		SchedulerOptions{Rows: 1, MaxSamplings: -1}); err == nil || !strings.Contains(err.Error(), "samplings") {
+		t.Errorf("NewScheduler with MaxSamplings -1: %v; want an error naming the samplings bound", err)
 	}
 }
 
@@ -480,8 +480,8 @@ func TestEngineMaxSamplingsInOrder(t *testing.T) {
 	short := []string{"<think>word</think><answer>a</answer>"}
 	long := []string{"<think>" + strings.Repeat("word ", 12) + "</think><answer>a</answer>"}
 	dec := newScripted(tok, short, long)
-	e, err := NewEngine(dec, tok, simPool(t, 0), Config{MaxTurns: 1, TurnTokens: 64, InfoTokens: 8},
-		EngineOptions{Rows: 2, EOS: []int32{int32(tok.EOS())}, Seed: 3, StepSeeds: true, MaxSamplings: 1})
+	e, err := NewScheduler(dec, tok, simPool(t, 0), Config{MaxTurns: 1, TurnTokens: 64, InfoTokens: 8},
+		SchedulerOptions{Rows: 2, EOS: []int32{int32(tok.EOS())}, Seed: 3, StepSeeds: true, MaxSamplings: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -540,11 +540,11 @@ func TestEngineCancel(t *testing.T) {
 		{"<search>sim-a: q</search>", "<answer>Paris</answer>"},
 	}
 	dec := newScripted(tok, scripts...)
-	e, err := NewEngine(dec, tok, pool, Config{MaxTurns: 3, TurnTokens: 24, InfoTokens: 32}, EngineOptions{Rows: 1, EOS: []int32{int32(tok.EOS())}})
+	e, err := NewScheduler(dec, tok, pool, Config{MaxTurns: 3, TurnTokens: 24, InfoTokens: 32}, SchedulerOptions{Rows: 1, EOS: []int32{int32(tok.EOS())}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	runEngine(t, e)
+	runScheduler(t, e)
 	ctx, cancel := context.WithCancel(context.Background())
 	slowDone := make(chan error, 1)
 	go func() {
@@ -595,7 +595,7 @@ func TestEngineStop(t *testing.T) {
 	tok := loadTok(t)
 	pool := &slowPool{Pool: pricedPool(t, map[string]time.Duration{"sim-slow": time.Minute}, "sim-slow"), started: make(chan string, 4)}
 	dec := newScripted(tok, []string{"<search>sim-slow: q</search>"})
-	e, err := NewEngine(dec, tok, pool, Config{MaxTurns: 3, TurnTokens: 24, InfoTokens: 32}, EngineOptions{Rows: 1, EOS: []int32{int32(tok.EOS())}})
+	e, err := NewScheduler(dec, tok, pool, Config{MaxTurns: 3, TurnTokens: 24, InfoTokens: 32}, SchedulerOptions{Rows: 1, EOS: []int32{int32(tok.EOS())}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -630,7 +630,7 @@ func TestEngineStop(t *testing.T) {
 
 func TestEngineSubmitErrors(t *testing.T) {
 	tok := loadTok(t)
-	e, err := NewEngine(newScripted(tok), tok, simPool(t, 0), Config{MaxTurns: 2, TurnTokens: 8, InfoTokens: 8}, EngineOptions{Rows: 1})
+	e, err := NewScheduler(newScripted(tok), tok, simPool(t, 0), Config{MaxTurns: 2, TurnTokens: 8, InfoTokens: 8}, SchedulerOptions{Rows: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

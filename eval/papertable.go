@@ -2,14 +2,11 @@ package eval
 
 import (
 	"encoding/csv"
-	"encoding/json"
 	"fmt"
 	"io"
-	"path/filepath"
 	"slices"
 	"strings"
 
-	"github.com/recal-project/recal/internal/hfmodel"
 	"github.com/recal-project/recal/rollout"
 )
 
@@ -247,20 +244,4 @@ func (t PaperTable) CSV(w io.Writer) error {
 }
 
 // Write saves table.json, table.csv and table.md in dir, each atomically.
-func (t PaperTable) Write(dir string) error {
-	writers := map[string]func(io.Writer) error{
-		"table.json": func(w io.Writer) error {
-			e := json.NewEncoder(w)
-			e.SetIndent("", "  ")
-			return e.Encode(t)
-		},
-		"table.csv": t.CSV,
-		"table.md":  func(w io.Writer) error { t.Markdown(w); return nil },
-	}
-	for name, fn := range writers {
-		if err := hfmodel.WriteAtomic(filepath.Join(dir, name), fn); err != nil {
-			return err
-		}
-	}
-	return nil
-}
+func (t PaperTable) Write(dir string) error { return writeTable(dir, t) }
