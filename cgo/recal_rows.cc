@@ -152,7 +152,7 @@ __attribute__((target("avx2,fma"))) inline float total8(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
 }
 
-__attribute__((target("avx2,fma"))) float dot_avx2(const float* a, const float* b, int64_t K) {
+__attribute__((target("avx2,fma"))) inline float dot_avx2(const float* a, const float* b, int64_t K) {
   __m256 acc = _mm256_setzero_ps();
   int64_t k = 0;
   for (; k + 8 <= K; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), acc);
@@ -246,6 +246,62 @@ __attribute__((target("avx2,fma"))) void axpy_avx2(float p, const float* v, floa
   for (; d < D; d++) out[d] = std::fmaf(p, v[d], out[d]);
 }
 
+// Attention's two loops over a row's T cached positions (keys and values
+// [T, D], contiguous), in one call each instead of one per position.
+// scores: out[s] = dot_avx2(q, K_s) · scale. values: out = Σ_s (e[s]/tot)·V_s,
+// one fused multiply-add per element in increasing s from +0, as axpy_avx2
+// does (out kept in registers across s, 64 elements at a time): the same
+// bits as the loops over dot and axpy they replace.
+__attribute__((target("avx2,fma"))) void scores_avx2(const float* q, const float* K, int64_t T, int64_t D, float scale,
+                                                     float* out) {
+  int64_t s = 0;
+  if (D % 8 == 0)  // four keys at once: four independent chains of dot_avx2's multiply-adds
+    for (; s + 4 <= T; s += 4) {
+      __m256 acc[4];
+      _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) acc[j] = _mm256_setzero_ps();
+      for (int64_t k = 0; k < D; k += 8) {
+        __m256 qv = _mm256_loadu_ps(q + k);
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) acc[j] =
+            _mm256_fmadd_ps(qv, _mm256_loadu_ps(K + (s + j) * D + k), acc[j]);
+      }
+      _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) out[s + j] = total8(acc[j]) * scale;
+    }
+  for (; s < T; s++) out[s] = dot_avx2(q, K + s * D, D) * scale;
+}
+
+// J chunks of 8 elements of out from d0, each a chain over s.
+template <int J>
+__attribute__((target("avx2,fma"))) void values_chunks(const float* e, float tot, const float* V, int64_t T, int64_t D,
+                                                       int64_t d0, float* out) {
+  __m256 acc[J];
+  _Pragma("GCC unroll 8") for (int j = 0; j < J; j++) acc[j] = _mm256_setzero_ps();
+  for (int64_t s = 0; s < T; s++) {
+    __m256 pv = _mm256_set1_ps(e[s] / tot);
+    const float* v = V + s * D + d0;
+    _Pragma("GCC unroll 8") for (int j = 0; j < J; j++) acc[j] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + 8 * j), acc[j]);
+  }
+  _Pragma("GCC unroll 8") for (int j = 0; j < J; j++) _mm256_storeu_ps(out + d0 + 8 * j, acc[j]);
+}
+
+using ValuesFn = void (*)(const float*, float, const float*, int64_t, int64_t, int64_t, float*);
+const ValuesFn kValues[8] = {values_chunks<1>, values_chunks<2>, values_chunks<3>, values_chunks<4>,
+                             values_chunks<5>, values_chunks<6>, values_chunks<7>, values_chunks<8>};
+
+__attribute__((target("avx2,fma"))) void values_avx2(const float* e, float tot, const float* V, int64_t T, int64_t D,
+                                                     float* out) {
+  int64_t d0 = 0;
+  while (d0 + 8 <= D) {
+    int64_t j = std::min<int64_t>(8, (D - d0) / 8);
+    kValues[j - 1](e, tot, V, T, D, d0, out);
+    d0 += 8 * j;
+  }
+  for (; d0 < D; d0++) {
+    float o = 0.f;
+    for (int64_t s = 0; s < T; s++) o = std::fmaf(e[s] / tot, V[s * D + d0], o);
+    out[d0] = o;
+  }
+}
+
 // An R×C tile of y = x·Wᵀ (+ b): R rows of x (stride ldx) against C rows of
 // W (stride ldw), each element one 8-lane dot product as dot_ref's.
 template <int R, int C>
@@ -307,6 +363,19 @@ void silu_mul(const float* g, const float* u, float* a, int64_t K) {
 void axpy(float p, const float* v, float* out, int64_t D) {
   if (have_avx2()) return axpy_avx2(p, v, out, D);
   for (int64_t d = 0; d < D; d++) out[d] = std::fmaf(p, v[d], out[d]);
+}
+
+// Attention over a row's T cached positions: scores (q against each key,
+// scaled) and the weighted sum of the values with weights e[s] / tot.
+void attend_scores(const float* q, const float* K, int64_t T, int64_t D, float scale, float* out) {
+  if (have_avx2()) return scores_avx2(q, K, T, D, scale, out);
+  for (int64_t s = 0; s < T; s++) out[s] = dot_ref(q, K + s * D, D) * scale;
+}
+
+void attend_values(const float* e, float tot, const float* V, int64_t T, int64_t D, float* out) {
+  if (have_avx2()) return values_avx2(e, tot, V, T, D, out);
+  std::fill(out, out + D, 0.f);
+  for (int64_t s = 0; s < T; s++) axpy(e[s] / tot, V + s * D, out, D);
 }
 
 // ---------------------------------------------------------------------------
@@ -670,13 +739,11 @@ void extend_rows(rc_cache& c, int64_t n, const int64_t* rows, int64_t width, con
           const float* qv = &q[m * qd + a * hd];
           sc.resize(T);
           e.resize(T);
-          for (int64_t s = 0; s < T; s++) sc[s] = dot(qv, Kr + s * hd, hd) * scale;
+          attend_scores(qv, Kr, T, hd, scale, sc.data());
           float mx = maxv(sc.data(), T);
           exp_shift(sc.data(), mx, e.data(), T);
           float tot = sum(e.data(), T);
-          float* out = &att[m * qd + a * hd];
-          std::fill(out, out + hd, 0.f);
-          for (int64_t s = 0; s < T; s++) axpy(e[s] / tot, Vr + s * hd, out, hd);
+          attend_values(e.data(), tot, Vr, T, hd, &att[m * qd + a * hd]);
         }
       }
     });
@@ -794,6 +861,26 @@ void kernels_check(uint64_t seed) {
         }
       }
   }
+  // Attention's loops: scores and the weighted values against the portable
+  // loops over dot_ref and axpy's scalar fused multiply-adds.
+  for (int64_t D : {1, 5, 8, 32, 64, 72, 128, 131})
+    for (int64_t T : {1, 2, 7, 33}) {
+      auto q = tv.vec(D), K = tv.vec(T * D), V = tv.vec(T * D), e = tv.vec(T);
+      for (auto& w : e) w = std::fabs(w);
+      float tot = 0.5f + e[0], scale = 0.17677669f;
+      std::vector<float> s1(T), o1(D), o2(D, 0.f);
+      scores_avx2(q.data(), K.data(), T, D, scale, s1.data());
+      values_avx2(e.data(), tot, V.data(), T, D, o1.data());
+      for (int64_t t = 0; t < T; t++) {
+        float r = dot_ref(q.data(), &K[t * D], D) * scale;
+        expect(same_bits(s1[t], r), "attention scores, D=" + std::to_string(D) + " T=" + std::to_string(T) + ": " +
+                                        fstr(s1[t]) + " vs " + fstr(r));
+        for (int64_t d = 0; d < D; d++) o2[d] = std::fmaf(e[t] / tot, V[t * D + d], o2[d]);
+      }
+      for (int64_t d = 0; d < D; d++)
+        expect(same_bits(o1[d], o2[d]), "attention values, D=" + std::to_string(D) + " T=" + std::to_string(T) +
+                                            ", element " + std::to_string(d) + ": " + fstr(o1[d]) + " vs " + fstr(o2[d]));
+    }
   const float inf = std::numeric_limits<float>::infinity();
   std::vector<float> xs = {0.f, -0.f, 1.f, -1.f, 88.7f, 88.8f, 89.f, -87.3f, -87.4f, -103.f, -inf, inf,
                            std::numeric_limits<float>::quiet_NaN(), 1e-30f, -1e-30f, 0.34657359f, -0.34657359f};
