@@ -21,8 +21,13 @@ func TestFusedLayout(t *testing.T) {
 	unfused := torchbridge.KernelsDefault &^ torchbridge.KernelFusedProj
 	for _, tc := range []struct {
 		dtype string
-		tol   float64 // inference log-probs, fused against separate products
-	}{{"float32", 1e-5}, {"bfloat16", 0.1}} {
+		// inference log-probs, fused against separate products: the BLAS
+		// blocks one wide product otherwise than three narrow ones, so the
+		// rounding differs by kernel (float32: 1.05e-5 under OpenBLAS's
+		// Haswell kernel, log-probs of magnitude ~10); a wrongly laid-out
+		// fusion moves them by whole units
+		tol float64
+	}{{"float32", 1e-4}, {"bfloat16", 0.1}} {
 		t.Run(tc.dtype, func(t *testing.T) {
 			cfg := deviceConfig()
 			vocab := int(cfg.VocabSize)
