@@ -20,8 +20,8 @@ import (
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/eval"
 	"github.com/recal-project/recal/internal/runlock"
-	"github.com/recal-project/recal/internal/testenv"
-	"github.com/recal-project/recal/internal/testpolicy"
+	"github.com/recal-project/recal/internal/testing/testenv"
+	"github.com/recal-project/recal/internal/testing/testpolicy"
 	"github.com/recal-project/recal/plot"
 	"github.com/recal-project/recal/trainer"
 )

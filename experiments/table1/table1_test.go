@@ -13,8 +13,8 @@ import (
 
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/eval"
-	"github.com/recal-project/recal/internal/testenv"
-	"github.com/recal-project/recal/internal/testpolicy"
+	"github.com/recal-project/recal/internal/testing/testenv"
+	"github.com/recal-project/recal/internal/testing/testpolicy"
 	"github.com/recal-project/recal/trainer"
 )
 
