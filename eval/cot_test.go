@@ -9,9 +9,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/recal-project/recal/baselines/sftdirect"
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/eval"
+	"github.com/recal-project/recal/experiments/sftdirect"
 )
 
 // The no-routing rows make no pool call; cot reads its own template

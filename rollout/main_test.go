@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/recal-project/recal/config"
-	"github.com/recal-project/recal/internal/testenv"
+	"github.com/recal-project/recal/internal/testing/testenv"
 	"github.com/recal-project/recal/torchbridge"
 )
 

@@ -18,7 +18,7 @@ import (
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/generate"
 	"github.com/recal-project/recal/internal/hfmodel"
-	"github.com/recal-project/recal/internal/testenv"
+	"github.com/recal-project/recal/internal/testing/testenv"
 	"github.com/recal-project/recal/llmpool"
 	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/router"

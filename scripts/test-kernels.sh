@@ -21,9 +21,9 @@ cd "$(dirname "$0")/.."
 declare -A TESTS=(
   [torchbridge]='^(TestLogpIndependentOfBatching|TestCheckKernels)$'
   [trainer]='^(TestTrainDataParallel|TestRolloutWorkers|TestResumeMatchesUninterrupted|TestPPOResumeMatchesUninterrupted)$'
-  [ablate]='^TestAblateSharedWarmupEqualsCombinedRun$'
+  [experiments/ablate]='^TestAblateSharedWarmupEqualsCombinedRun$'
 )
-PKGS=(torchbridge trainer ablate)
+PKGS=(torchbridge trainer experiments/ablate)
 
 out=build/test-kernels
 mkdir -p "$out"

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/recal-project/recal/internal/hfmodel"
-	"github.com/recal-project/recal/internal/ranktest"
+	"github.com/recal-project/recal/internal/testing/ranktest"
 	"github.com/recal-project/recal/torchbridge"
 )
 

@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/recal-project/recal/dist"
-	"github.com/recal-project/recal/internal/ranktest"
+	"github.com/recal-project/recal/internal/testing/ranktest"
 	"github.com/recal-project/recal/torchbridge"
 )
 

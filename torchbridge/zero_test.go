@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/recal-project/recal/internal/ranktest"
+	"github.com/recal-project/recal/internal/testing/ranktest"
 	"github.com/recal-project/recal/torchbridge"
 )
 

@@ -20,7 +20,7 @@ import (
 	"time"
 
 	"github.com/recal-project/recal/dist"
-	"github.com/recal-project/recal/internal/ranktest"
+	"github.com/recal-project/recal/internal/testing/ranktest"
 	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/trainer"
 )

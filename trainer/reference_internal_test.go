@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/recal-project/recal/internal/testpolicy"
+	"github.com/recal-project/recal/internal/testing/testpolicy"
 	"github.com/recal-project/recal/torchbridge"
 )
 

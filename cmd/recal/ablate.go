@@ -11,7 +11,7 @@ import (
 
 	"github.com/urfave/cli/v3"
 
-	"github.com/recal-project/recal/ablate"
+	"github.com/recal-project/recal/experiments/ablate"
 	"github.com/recal-project/recal/torchbridge"
 )
 

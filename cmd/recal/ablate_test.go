@@ -9,9 +9,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/recal-project/recal/ablate"
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/eval"
+	"github.com/recal-project/recal/experiments/ablate"
 	"github.com/recal-project/recal/llmpool"
 )
 

@@ -147,7 +147,7 @@ func outputsReference() docgen.OutputsPage {
 				}},
 			{Title: "The ablation study (recal ablate)", About: "`recal ablate --run-dir RUN_DIR` trains `RUN_DIR/seed-N/warmup` and `RUN_DIR/seed-N/<variant>` (run folders as above) and writes the table beside them.",
 				Files: []docgen.OutputFile{
-					{Path: "RUN_DIR/ablation.json", About: "The table: per variant the mean and sample standard deviation over seeds of each column, and every seed's value. `ablation.csv` has a line per (variant, column) with every seed's value; `ablation.md` is the printed table; `ablation_reward.png` and `.svg` the answer reward per variant.", Pkg: "ablate", Type: "Table"},
+					{Path: "RUN_DIR/ablation.json", About: "The table: per variant the mean and sample standard deviation over seeds of each column, and every seed's value. `ablation.csv` has a line per (variant, column) with every seed's value; `ablation.md` is the printed table; `ablation_reward.png` and `.svg` the answer reward per variant.", Pkg: "experiments/ablate", Type: "Table"},
 				}},
 			{Title: "Fitted baseline routers (recal collect, recal fit)", Files: []docgen.OutputFile{
 				{Path: "OUT/outcomes.jsonl", About: "`recal collect --out OUT`: one line per (training question, pool model) asked directly.", Pkg: "baselines", Type: "Outcome"},
@@ -155,7 +155,7 @@ func outputsReference() docgen.OutputsPage {
 				{Path: "ROUTERS/NAME/manifest.json", About: "`recal fit --router-dir ROUTERS`: what a fitted router is, beside its `weights.safetensors` and `embedding-state.json`. The same seed writes the same bytes.", Pkg: "baselines", Type: "Manifest"},
 			}},
 			{Title: "SFT-direct (recal train-sft-direct)", Files: []docgen.OutputFile{
-				{Path: "OUT/sft-direct.json", About: "In the Hugging Face folder `recal train-sft-direct --out OUT` writes: what decides the checkpoint, so that it is reused only for the same inputs.", Pkg: "baselines/sftdirect", Type: "Spec"},
+				{Path: "OUT/sft-direct.json", About: "In the Hugging Face folder `recal train-sft-direct --out OUT` writes: what decides the checkpoint, so that it is reused only for the same inputs.", Pkg: "experiments/sftdirect", Type: "Spec"},
 			}},
 			{Title: "Serving (recal serve)", Files: []docgen.OutputFile{
 				{Path: "--trace FILE", About: "One line per admitted request, with the field names of `rollouts.jsonl`'s per-response records. Questions and answers are in it (unlike the access log); API keys never are.", Pkg: "serve", Type: "RequestTrace"},

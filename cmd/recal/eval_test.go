@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/recal-project/recal/internal/testpolicy"
+	"github.com/recal-project/recal/internal/testing/testpolicy"
 )
 
 // recal eval asked for a router without what it is made from fails with

@@ -11,7 +11,7 @@ import (
 
 	"github.com/urfave/cli/v3"
 
-	"github.com/recal-project/recal/frontier"
+	"github.com/recal-project/recal/experiments/frontier"
 )
 
 // recal frontier: package frontier evaluates the operating points and

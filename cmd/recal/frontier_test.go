@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/recal-project/recal/frontier"
+	"github.com/recal-project/recal/experiments/frontier"
 )
 
 // recal frontier on a replayed world: a pool with a free model, a one-model

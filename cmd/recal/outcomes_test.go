@@ -14,7 +14,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/recal-project/recal/internal/testpolicy"
+	"github.com/recal-project/recal/internal/testing/testpolicy"
 	"github.com/recal-project/recal/llmpool"
 	"github.com/recal-project/recal/outcomes"
 	"github.com/recal-project/recal/rollout"

@@ -10,7 +10,7 @@ import (
 
 	"github.com/urfave/cli/v3"
 
-	"github.com/recal-project/recal/table1"
+	"github.com/recal-project/recal/experiments/table1"
 	"github.com/recal-project/recal/torchbridge"
 )
 

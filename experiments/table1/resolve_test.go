@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/recal-project/recal/eval"
-	"github.com/recal-project/recal/internal/testenv"
+	"github.com/recal-project/recal/internal/testing/testenv"
 )
 
 // The Router-R1 row runs its run's checkpoints/best where there is one,

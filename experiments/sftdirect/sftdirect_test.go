@@ -11,8 +11,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/recal-project/recal/baselines/sftdirect"
 	"github.com/recal-project/recal/data"
+	"github.com/recal-project/recal/experiments/sftdirect"
 	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/router"
 	"github.com/recal-project/recal/torchbridge"

@@ -5,8 +5,8 @@ import (
 	"testing"
 
 	"github.com/recal-project/recal/config"
-	"github.com/recal-project/recal/internal/testenv"
-	"github.com/recal-project/recal/internal/testpolicy"
+	"github.com/recal-project/recal/internal/testing/testenv"
+	"github.com/recal-project/recal/internal/testing/testpolicy"
 	"github.com/recal-project/recal/torchbridge"
 )
 

@@ -13,8 +13,8 @@ import (
 
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/eval"
-	"github.com/recal-project/recal/internal/testenv"
-	"github.com/recal-project/recal/internal/testpolicy"
+	"github.com/recal-project/recal/internal/testing/testenv"
+	"github.com/recal-project/recal/internal/testing/testpolicy"
 	"github.com/recal-project/recal/trainer"
 )
 
@@ -23,8 +23,8 @@ import (
 // of each training.
 func table1Config(t *testing.T) config.Config {
 	t.Helper()
-	ck := testpolicy.Micro(t, "..", 1)
-	cfg, err := config.Load("../recal.toml", []string{
+	ck := testpolicy.Micro(t, "../..", 1)
+	cfg, err := config.Load("../../recal.toml", []string{
 		"policy.checkpoint=" + ck, "policy.threads=2",
 		"data.train_per_dataset=4", "data.val_per_dataset=2", "data.test_per_dataset=2",
 		"router.turn_tokens=8", "router.info_tokens=8", "router.max_turns=1",

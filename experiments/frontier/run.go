@@ -16,8 +16,8 @@ import (
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/embed"
 	"github.com/recal-project/recal/eval"
+	"github.com/recal-project/recal/experiments/table1"
 	"github.com/recal-project/recal/rollout"
-	"github.com/recal-project/recal/table1"
 )
 
 // DefaultCostLambdas is the cost_lambda sweep of the fitted routers.

@@ -15,11 +15,11 @@ import (
 	"time"
 
 	"github.com/recal-project/recal/baselines"
-	"github.com/recal-project/recal/baselines/sftdirect"
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/embed"
 	"github.com/recal-project/recal/eval"
+	"github.com/recal-project/recal/experiments/sftdirect"
 	"github.com/recal-project/recal/internal/atomicfile"
 	"github.com/recal-project/recal/llmpool"
 	"github.com/recal-project/recal/rollout"
