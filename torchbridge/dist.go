@@ -9,10 +9,28 @@ import "C"
 import (
 	"context"
 	"fmt"
+	"os"
+	"os/signal"
 	"sync"
+	"syscall"
 	"time"
 	"unsafe"
 )
+
+// sigpipeOnce makes a write to a peer's closed socket fail with EPIPE
+// instead of killing the process. Gloo writes from threads of its own (not
+// Go's); without a Go handler wanting SIGPIPE, the runtime re-raises it
+// there with the default action, so a rank whose peer died could die of
+// the signal instead of reporting the failed collective. (Python, and so
+// PyTorch, ignores SIGPIPE from the start.) Wanted by Notify, the signal is
+// dropped when the channel is full and the write returns EPIPE, which Gloo
+// turns into an error; writes to standard output or error then also fail
+// with EPIPE rather than end the process.
+var sigpipeOnce sync.Once
+
+func catchSIGPIPE() {
+	sigpipeOnce.Do(func() { signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE) })
+}
 
 // GroupOptions say how this process joins a process group.
 type GroupOptions struct {
@@ -88,6 +106,7 @@ func NewProcessGroup(ctx context.Context, opt GroupOptions) (*ProcessGroup, erro
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	catchSIGPIPE()
 	type result struct {
 		h   *C.rc_dist
 		err error

@@ -152,7 +152,7 @@ func TestDistDeadPeer(t *testing.T) {
 	if os.Getenv(helperEnv) != "" {
 		t.Skip("inside a helper rank")
 	}
-	for _, scenario := range []string{"dead-peer", "dead-peer-grads"} {
+	for _, scenario := range []string{"dead-peer", "dead-peer-grads", "dead-peer-large"} {
 		t.Run(scenario, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
@@ -244,9 +244,11 @@ func TestDistHelper(t *testing.T) {
 	case "collectives":
 		helperCollectives(t, ctx, g, os.Getenv("RECAL_DIST_DIR"))
 	case "dead-peer":
-		helperDeadPeer(t, ctx, g, false)
+		helperDeadPeer(t, ctx, g, false, 0)
 	case "dead-peer-grads":
-		helperDeadPeer(t, ctx, g, true)
+		helperDeadPeer(t, ctx, g, true, 0)
+	case "dead-peer-large":
+		helperDeadPeer(t, ctx, g, false, 16<<20)
 	case "zero":
 		helperZeRO(t, ctx, g, os.Getenv("RECAL_DIST_DIR"))
 	case "zero-resume":
@@ -410,7 +412,11 @@ func helperTwoPolicies(t *testing.T, ctx context.Context, g *torchbridge.Process
 	}
 }
 
-func helperDeadPeer(t *testing.T, ctx context.Context, g *torchbridge.ProcessGroup, grads bool) {
+// helperDeadPeer: with large > 0, the survivor sends large bytes at once,
+// still writing when the peer dies: writes into a reset connection raise
+// SIGPIPE on Gloo's own threads (the survivor must report the failed
+// collective, not die of the signal).
+func helperDeadPeer(t *testing.T, ctx context.Context, g *torchbridge.ProcessGroup, grads bool, large int) {
 	p := newTinyOn(t, "cpu", 64, true, 1)
 	if grads { // gradients in the buckets, then a backward the dead peer never sums
 		for i := 0; i < 2; i++ {
@@ -431,8 +437,12 @@ func helperDeadPeer(t *testing.T, ctx context.Context, g *torchbridge.ProcessGro
 		syscall.Kill(os.Getpid(), syscall.SIGKILL) // die without closing anything
 		time.Sleep(time.Minute)
 	}
+	msg := []byte("anyone there?")
+	if large > 0 {
+		msg = make([]byte, large)
+	}
 	op, call := "allgather", func() error {
-		_, err := g.AllGather(ctx, []byte("anyone there?"))
+		_, err := g.AllGather(ctx, msg)
 		return err
 	}
 	if grads {
