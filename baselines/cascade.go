@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strings"
 
 	"github.com/recal-project/recal/data"
 )
@@ -119,13 +118,9 @@ func FitCascade(m *Matrix) (*CascadeRule, error) {
 // Support counts the replies that state answer: whose normalised text holds
 // answer's normalised text as whole words. An empty answer has none.
 func Support(answer string, replies []string) int {
-	a := data.Normalize(answer)
-	if a == "" {
-		return 0
-	}
 	n := 0
 	for _, r := range replies {
-		if strings.Contains(" "+data.Normalize(r)+" ", " "+a+" ") {
+		if data.Mentions(r, answer) {
 			n++
 		}
 	}

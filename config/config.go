@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 
@@ -272,6 +273,17 @@ type SFT struct {
 	// <information> is the hardest thing a policy trained from scratch
 	// learns in the warm-up.
 	AnswerWeight float64 `toml:"answer_weight"`
+	// Route is the route the demonstrations take (trainer.DemoRoutes):
+	// "uniform" calls one pool model drawn uniformly and answers from its
+	// reply (the protocol's shape, no routing taught); "agree" asks the
+	// models of Chain in order, answers as soon as the latest reply's
+	// answer agrees with an earlier reply, and otherwise asks the next
+	// (the last answers): a cheap model first, escalation when the
+	// replies disagree (docs/method.md, "The warm-up").
+	Route string `toml:"route"`
+	// Chain are the pool models the "agree" route asks, in order (2 to
+	// router.max_turns of them, each at most once).
+	Chain []string `toml:"chain"`
 }
 
 // Eval configures evaluation ([eval]).
@@ -358,7 +370,7 @@ func Default() Config {
 			LR: 1e-6, LRSchedule: "constant", WeightDecay: 0.01, Beta1: 0.9, Beta2: 0.999, AdamEps: 1e-8, MaxGradNorm: 1, ClipEps: 0.2,
 			KLCoef: 0.001, EMADecay: 0.9, CheckpointEvery: 25, ValidateEvery: 25, HeadChunk: 1024, LogEvery: 10,
 			ResetOptimizerAfterSFT: true, MaxSkippedUpdates: 3, Algorithm: "grpo", KeepBest: true},
-		SFT:       SFT{Steps: 0, BatchSize: 16, LR: 1e-4, AnswerWeight: 1},
+		SFT:       SFT{Steps: 0, BatchSize: 16, LR: 1e-4, AnswerWeight: 1, Route: "uniform"},
 		Eval:      Eval{Batch: 64},
 		Serve:     DefaultServe(),
 		Embedding: embed.DefaultConfig(),
@@ -642,6 +654,39 @@ func (c *Config) Validate() error {
 		if ch.bad {
 			return fmt.Errorf("%s", ch.msg)
 		}
+	}
+	return c.SFT.validateRoute(c.Pool, c.Router.MaxTurns, c.Train.ModelSubsets)
+}
+
+// DemoRoutes are the warm-up's demonstration routes (sft.route), built by
+// package trainer.
+var DemoRoutes = []string{"uniform", "agree"}
+
+// validateRoute checks sft.route and sft.chain against the pool and the
+// turn limit.
+func (s SFT) validateRoute(pool llmpool.Config, maxTurns int, subsets float64) error {
+	if !slices.Contains(DemoRoutes, s.Route) {
+		return fmt.Errorf("sft.route = %q: want one of %s", s.Route, strings.Join(DemoRoutes, ", "))
+	}
+	if s.Route != "agree" {
+		if len(s.Chain) > 0 {
+			return fmt.Errorf("sft.chain is set, but sft.route = %q does not read it (only \"agree\" does)", s.Route)
+		}
+		return nil
+	}
+	if len(s.Chain) < 2 || len(s.Chain) > maxTurns {
+		return fmt.Errorf("sft.chain = %q: the \"agree\" route asks 2 to router.max_turns (%d) models", s.Chain, maxTurns)
+	}
+	for i, m := range s.Chain {
+		if !slices.ContainsFunc(pool.Models, func(pm llmpool.ModelConfig) bool { return pm.Name == m }) {
+			return fmt.Errorf("sft.chain[%d] = %q: no such pool model", i, m)
+		}
+		if slices.Index(s.Chain, m) != i {
+			return fmt.Errorf("sft.chain[%d] = %q: asked twice", i, m)
+		}
+	}
+	if subsets > 0 {
+		return fmt.Errorf("sft.route = \"agree\" with train.model_subsets = %g: the chain's models must be in every prompt (set model_subsets = 0)", subsets)
 	}
 	return nil
 }

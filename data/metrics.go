@@ -148,3 +148,11 @@ func tokenF1(pred string, predTokens []string, gold string) float64 {
 func isSpecialAnswer(s string) bool {
 	return s == "yes" || s == "no" || s == "noanswer"
 }
+
+// Mentions reports whether text states answer: whether answer's normalised
+// words (Normalize) occur in text's normalised words as a contiguous run of
+// whole words. An answer that normalises to nothing is mentioned nowhere.
+func Mentions(text, answer string) bool {
+	a := Normalize(answer)
+	return a != "" && strings.Contains(" "+Normalize(text)+" ", " "+a+" ")
+}

@@ -154,3 +154,24 @@ func FuzzMetrics(f *testing.F) {
 		}
 	})
 }
+
+func TestMentions(t *testing.T) {
+	cases := []struct {
+		text, answer string
+		want         bool
+	}{
+		{"The answer is Paris.", "paris", true},
+		{"The answer is Paris, France.", "Paris France", true}, // punctuation normalised away
+		{"The answer is The Beatles.", "Beatles", true},        // articles dropped
+		{"The answer is Parisian.", "Paris", false},            // whole words only
+		{"The answer is Paris.", "answer Paris", false},        // a contiguous run
+		{"The answer is Paris.", "", false},
+		{"The answer is Paris.", "the", false}, // normalises to nothing
+		{"", "Paris", false},
+	}
+	for _, c := range cases {
+		if got := Mentions(c.text, c.answer); got != c.want {
+			t.Errorf("Mentions(%q, %q) = %v, want %v", c.text, c.answer, got, c.want)
+		}
+	}
+}
