@@ -16,33 +16,43 @@ import (
 	"github.com/recal-project/recal/torchbridge"
 )
 
-// Demonstration wording. The policy learns the protocol's shape from these;
-// which model to call is left to GRPO: demonstrations pick pool models
-// uniformly.
-const (
-	demoThinkSearch = router.DemoThinkSearch
-)
-
-// Demo is one format demonstration: prompt + policy turns + the real reply
-// of the pool model it calls.
+// Demo is one format demonstration: prompt + policy turns + the real
+// replies of the pool models it calls.
 type Demo struct {
 	Tokens  []int32
 	Mask    []float32
 	Correct bool
 }
 
-// BuildDemos asks, for each question, a pool model chosen uniformly by a hash
-// of (seed, question) among the models its prompt lists (every pool model,
-// or with env.ModelSubsets the subset Env.RowPrompt draws for seed), with
-// the question itself, and writes the demonstration: think, search, the
-// reply as information, answer.
-// The answer is the golden answer the reply contains, else the reply's text
-// after "answer is". A reply with neither (a real model's wrong prose, a
-// pool error) has no answer to copy, and its demonstration ends after the
-// reply: imitating its first words would teach the policy to copy a reply
-// from its start, which no right answer of a reply that states one ("The
-// answer is X.") is. The mask is 1 on the think and search turn and
-// answerWeight on the answer turn (0 on prompt and reply).
+// DemoOptions are what a demonstration route reads besides the questions.
+type DemoOptions struct {
+	// Seed draws the uniform route's models (and the prompts' model
+	// subsets).
+	Seed int64
+	// AnswerWeight is the mask of the answer turn's tokens (1 on the other
+	// policy tokens, 0 on prompt and replies).
+	AnswerWeight float32
+	// Chain are the models the "agree" route asks, in order.
+	Chain []string
+}
+
+// DemoRoutes are the warm-up's demonstration routes by name (sft.route,
+// config.DemoRoutes): each asks the pool for the questions' replies and
+// writes one demonstration a question.
+var DemoRoutes = map[string]func(ctx context.Context, env *rollout.Env, qs []data.Example, o DemoOptions) ([]Demo, error){
+	"uniform": func(ctx context.Context, env *rollout.Env, qs []data.Example, o DemoOptions) ([]Demo, error) {
+		return BuildDemos(ctx, env, qs, o.Seed, o.AnswerWeight)
+	},
+	"agree": buildAgreeDemos,
+}
+
+// BuildDemos is the "uniform" route. It asks, for each question, a pool
+// model chosen uniformly by a hash of (seed, question) among the models its
+// prompt lists (every pool model, or with env.ModelSubsets the subset
+// Env.RowPrompt draws for seed), with the question itself, and writes the
+// demonstration: think, search, the reply as information, answer. The
+// policy learns the protocol's shape from it; which model to call is left
+// to GRPO.
 func BuildDemos(ctx context.Context, env *rollout.Env, qs []data.Example, seed int64, answerWeight float32) ([]Demo, error) {
 	models := env.Pool.Models()
 	if len(models) == 0 {
@@ -76,58 +86,150 @@ func BuildDemos(ctx context.Context, env *rollout.Env, qs []data.Example, seed i
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	tok := env.Engine.Tok
-	var out []Demo
+	out := make([]Demo, len(qs))
 	for i, q := range qs {
-		prompt := prompts[i]
-		answer, correct, stated := demoAnswer(replies[i].Text, q.Golden)
-		// The question, the reply and the answer drawn from it are plain
-		// text: "<|im_end|>" in them is never a control token.
-		turn1 := rollout.ToInt32(tok.EncodeSegments(tokenizer.Segment{Text: router.ThinkOpen + demoThinkSearch + router.ThinkClose + "\n" + router.SearchOpen + reqs[i].Model + ": "},
-			tokenizer.Segment{Text: q.Question, Plain: true}, tokenizer.Segment{Text: router.SearchClose}))
-		info, _ := router.InfoBlock(tok, replies[i].Text, env.Router.InfoTokens)
-		// A space before the answer: " Paris" is the token the reply has
-		// after "The answer is", so answering is copying tokens, not
-		// mapping each to its space-less twin (which a small policy cannot
-		// do for words it has not seen as the first of an answer).
-		var turn2 []int32
-		if stated {
-			turn2 = rollout.ToInt32(tok.EncodeSegments(tokenizer.Segment{Text: router.AnswerOpen + " "}, tokenizer.Segment{Text: answer, Plain: true}, tokenizer.Segment{Text: router.AnswerClose}))
-		}
-		d := Demo{Correct: correct}
-		d.Tokens = append(append(append(append(d.Tokens, prompt...), turn1...), info...), turn2...)
-		d.Mask = make([]float32, len(d.Tokens))
-		for k := len(prompt); k < len(prompt)+len(turn1); k++ {
-			d.Mask[k] = 1
-		}
-		for k := len(d.Tokens) - len(turn2); k < len(d.Tokens); k++ {
-			d.Mask[k] = answerWeight
-		}
-		out = append(out, d)
+		out[i] = writeDemo(env, prompts[i], q, []demoCall{{reqs[i].Model, replies[i].Text}}, answerWeight)
 	}
 	return out, nil
 }
 
+// buildAgreeDemos is the "agree" route, a cascade of o.Chain (FrugalGPT's,
+// with agreement as the stopping rule and no labels read): it asks the
+// chain's first two models; when the second one's stated answer is
+// mentioned by the first reply (data.Mentions) the demonstration answers
+// with it, otherwise it asks the next model, and so on; the chain's last
+// model always answers. So the policy is shown a cheap call, a second
+// opinion, and an escalation exactly when the replies disagree: a decision
+// it can only make by reading them.
+func buildAgreeDemos(ctx context.Context, env *rollout.Env, qs []data.Example, o DemoOptions) ([]Demo, error) {
+	if len(o.Chain) < 2 {
+		return nil, fmt.Errorf("trainer: sft: the agree route needs a chain of at least 2 models, have %q", o.Chain)
+	}
+	prompts := make([][]int32, len(qs))
+	for i, q := range qs {
+		prompt, _, _, err := env.RowPrompt(q, uint64(o.Seed))
+		if err != nil {
+			return nil, err
+		}
+		prompts[i] = prompt
+	}
+	calls := make([][]demoCall, len(qs))
+	open := make([]int, len(qs)) // the questions still asking
+	for i := range open {
+		open[i] = i
+	}
+	for k, model := range o.Chain {
+		reqs := make([]llmpool.Request, len(open))
+		for j, i := range open {
+			qq := rollout.Question(qs[i])
+			reqs[j] = llmpool.Request{Model: model, Query: qs[i].Question, Question: &qq}
+		}
+		replies := env.Pool.CallBatch(ctx, reqs)
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		var next []int
+		for j, i := range open {
+			earlier := calls[i]
+			calls[i] = append(calls[i], demoCall{model, replies[j].Text})
+			if k == 0 || !agrees(replies[j].Text, earlier) {
+				next = append(next, i)
+			}
+		}
+		open = next
+	}
+	out := make([]Demo, len(qs))
+	for i, q := range qs {
+		out[i] = writeDemo(env, prompts[i], q, calls[i], o.AnswerWeight)
+	}
+	return out, nil
+}
+
+// agrees reports whether an earlier reply mentions reply's stated answer.
+func agrees(reply string, earlier []demoCall) bool {
+	a, ok := statedAnswer(reply)
+	if !ok {
+		return false
+	}
+	for _, c := range earlier {
+		if data.Mentions(c.Reply, a) {
+			return true
+		}
+	}
+	return false
+}
+
+// demoCall is one pool call of a demonstration.
+type demoCall struct {
+	Model, Reply string
+}
+
+// writeDemo writes the demonstration of q: for each call, think, search
+// (the question itself as the sub-query) and the reply as information;
+// then the answer drawn from the last reply (demoAnswer). A reply with no
+// answer to copy (a real model's wrong prose, a pool error) ends the
+// demonstration after it: imitating its first words would teach the policy
+// to copy a reply from its start, which no right answer of a reply that
+// states one ("The answer is X.") is. The mask is 1 on the think and search
+// turns and answerWeight on the answer turn (0 on prompt and replies).
+func writeDemo(env *rollout.Env, prompt []int32, q data.Example, calls []demoCall, answerWeight float32) Demo {
+	tok := env.Engine.Tok
+	d := Demo{Tokens: append([]int32(nil), prompt...)}
+	d.Mask = make([]float32, len(prompt))
+	for _, c := range calls {
+		// The question, the reply and the answer drawn from it are plain
+		// text: "<|im_end|>" in them is never a control token.
+		turn := rollout.ToInt32(tok.EncodeSegments(tokenizer.Segment{Text: router.ThinkOpen + router.DemoThinkSearch + router.ThinkClose + "\n" + router.SearchOpen + c.Model + ": "},
+			tokenizer.Segment{Text: q.Question, Plain: true}, tokenizer.Segment{Text: router.SearchClose}))
+		info, _ := router.InfoBlock(tok, c.Reply, env.Router.InfoTokens)
+		d.Tokens = append(append(d.Tokens, turn...), info...)
+		for range turn {
+			d.Mask = append(d.Mask, 1)
+		}
+		d.Mask = append(d.Mask, make([]float32, len(info))...)
+	}
+	answer, correct, stated := demoAnswer(calls[len(calls)-1].Reply, q.Golden)
+	d.Correct = correct
+	if stated {
+		// A space before the answer: " Paris" is the token the reply has
+		// after "The answer is", so answering is copying tokens, not
+		// mapping each to its space-less twin (which a small policy cannot
+		// do for words it has not seen as the first of an answer).
+		turn := rollout.ToInt32(tok.EncodeSegments(tokenizer.Segment{Text: router.AnswerOpen + " "}, tokenizer.Segment{Text: answer, Plain: true}, tokenizer.Segment{Text: router.AnswerClose}))
+		d.Tokens = append(d.Tokens, turn...)
+		for range turn {
+			d.Mask = append(d.Mask, answerWeight)
+		}
+	}
+	return d
+}
+
 // demoAnswer is a demonstration's answer to reply: the golden answer it
-// contains (correct), else its text after the last "answer is", cut to 8
-// words (stated), else nothing to copy ("", false, false).
+// mentions (correct), else its stated answer (statedAnswer), else nothing
+// to copy ("", false, false).
 func demoAnswer(reply string, golden []string) (answer string, correct, stated bool) {
-	norm := " " + data.Normalize(reply) + " "
 	for _, g := range golden {
-		if n := data.Normalize(g); n != "" && strings.Contains(norm, " "+n+" ") {
+		if data.Mentions(reply, g) {
 			return g, true, true
 		}
 	}
+	a, ok := statedAnswer(reply)
+	return a, false, ok
+}
+
+// statedAnswer is reply's text after the last "answer is", cut to 8 words,
+// if it has one.
+func statedAnswer(reply string) (string, bool) {
 	text := strings.TrimSpace(reply)
 	k := strings.LastIndex(strings.ToLower(text), "answer is")
 	if k < 0 {
-		return "", false, false
+		return "", false
 	}
 	text = strings.TrimRight(strings.TrimSpace(text[k+len("answer is"):]), ".")
 	if w := strings.Fields(text); len(w) > 8 {
 		text = strings.Join(w[:8], " ")
 	}
-	return text, false, true
+	return text, true
 }
 
 // SFTLine is one line of sft.jsonl (the warm-up's, and SFT-direct's).
@@ -148,8 +250,12 @@ func runSFT(ctx context.Context, cfg config.Config, env *rollout.Env, r ranks, t
 		denv = env.WithPrompt(env.Prompt, env.Router)
 		denv.ModelSubsets = cfg.Train.ModelSubsets
 	}
+	route, ok := DemoRoutes[cfg.SFT.Route]
+	if !ok {
+		return fmt.Errorf("trainer: sft.route = %q: no such demonstration route", cfg.SFT.Route)
+	}
 	build := func(step int, qs []data.Example) ([]Demo, error) {
-		return BuildDemos(ctx, denv, qs, cfg.Train.Seed+int64(step), float32(cfg.SFT.AnswerWeight))
+		return route(ctx, denv, qs, DemoOptions{Seed: cfg.Train.Seed + int64(step), AnswerWeight: float32(cfg.SFT.AnswerWeight), Chain: cfg.SFT.Chain})
 	}
 	return fitShared(ctx, cfg, env.Engine.Policy, r, train, "sft", build, run.logSFT, log)
 }

@@ -5,10 +5,12 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/rollout"
+	"github.com/recal-project/recal/router"
 	"github.com/recal-project/recal/torchbridge"
 	"github.com/recal-project/recal/trainer"
 )
@@ -63,5 +65,88 @@ func TestUntrustedTextStaysPlain(t *testing.T) {
 	}
 	if got := special(demos[0].Tokens); !slices.Equal(got, template) {
 		t.Errorf("demonstration has special ids %v, want only the prompt's %v: question, reply and answer are plain text", got, template)
+	}
+}
+
+// The "agree" route asks the chain's first two models and stops when the
+// second's answer is in the first reply; when they disagree it escalates
+// to the next model, whose answer the demonstration gives. Only policy
+// turns train.
+func TestAgreeDemos(t *testing.T) {
+	ck := microCheckpoint(t)
+	chain := []string{"sim-factoid", "sim-multihop", "sim-small"}
+	qs := []data.Example{
+		{ID: "nq-1", Dataset: "nq", Question: "who wrote the iliad", Golden: []string{"Homer"}},
+		{ID: "nq-2", Dataset: "nq", Question: "Which river flows through Cairo?", Golden: []string{"Nile"}},
+	}
+	cases := []struct {
+		name     string
+		accuracy map[string]float64 // each chain model's accuracy (every dataset)
+		calls    []string           // the models each demonstration asks
+		answer   string             // the answer it gives: the golden one, or a wrong one
+		correct  bool
+	}{
+		{"agree", map[string]float64{"sim-factoid": 1, "sim-multihop": 1, "sim-small": 0}, chain[:2], "golden", true},
+		{"disagree, escalate to a right model", map[string]float64{"sim-factoid": 1, "sim-multihop": 0, "sim-small": 1}, chain, "golden", true},
+		{"disagree, escalate to a wrong model", map[string]float64{"sim-factoid": 0, "sim-multihop": 1, "sim-small": 0}, chain, "wrong", false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := testConfig(t, ck, "router.info_tokens=32", "router.max_turns=3")
+			for i, m := range cfg.Pool.Models {
+				cfg.Pool.Models[i].Sim.Accuracy = nil
+				cfg.Pool.Models[i].Sim.DefaultAccuracy = c.accuracy[m.Name]
+			}
+			eng, err := rollout.OpenEngine(ck, torchbridge.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer eng.Close()
+			env, err := rollout.NewEnv(cfg, eng, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer env.Close()
+			demos, err := trainer.DemoRoutes["agree"](context.Background(), env, qs, trainer.DemoOptions{Seed: 7, AnswerWeight: 3, Chain: chain})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, d := range demos {
+				// The response: from the first trained token on (the
+				// prompt's instructions spell the tags too).
+				var ids, trained []int
+				for k, v := range d.Tokens {
+					if len(ids) > 0 || d.Mask[k] > 0 {
+						ids = append(ids, int(v))
+					}
+					if d.Mask[k] > 0 {
+						trained = append(trained, int(v))
+					}
+				}
+				text := eng.Tok.Decode(ids)
+				var asked []string
+				for _, s := range strings.Split(text, router.SearchOpen)[1:] {
+					asked = append(asked, s[:strings.Index(s, ":")])
+				}
+				if !slices.Equal(asked, c.calls) {
+					t.Errorf("question %d asks %q, want %q:\n%s", i, asked, c.calls, text)
+				}
+				if n := len(router.InfoBlocks(text)); n != len(c.calls) {
+					t.Errorf("question %d: %d information blocks, want %d", i, n, len(c.calls))
+				}
+				ans, ok := router.LastAnswer(text)
+				if !ok {
+					t.Fatalf("question %d: no answer in %q", i, text)
+				}
+				if right := data.ExactMatch(ans, qs[i].Golden) == 1; right != (c.answer == "golden") || d.Correct != c.correct {
+					t.Errorf("question %d answers %q (correct %v), want a %s answer (correct %v)", i, ans, d.Correct, c.answer, c.correct)
+				}
+				// The replies never train: what trains is the policy's turns.
+				policy := eng.Tok.Decode(trained)
+				if strings.Contains(policy, router.InfoOpen) || strings.Count(policy, router.SearchOpen) != len(c.calls) || !strings.HasSuffix(policy, router.AnswerClose) {
+					t.Errorf("question %d: the trained tokens are %q, want the %d search turns and the answer turn", i, policy, len(c.calls))
+				}
+			}
+		})
 	}
 }
