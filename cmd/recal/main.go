@@ -82,7 +82,7 @@ func requireFlags(cmd *cli.Command, names ...string) error {
 // newApp builds recal's command tree: every command, its flags and help.
 // docs/cli.md is generated from it.
 func newApp() *cli.Command {
-	return &cli.Command{
+	app := &cli.Command{
 		Name:  "recal",
 		Usage: "train and evaluate reinforcement-learning LLM routers with calibrated rewards (ReCal)",
 		Description: "recal trains a small policy LLM to route each question over a pool of models\n" +
@@ -105,6 +105,19 @@ func newApp() *cli.Command {
 			return usageError{err}
 		},
 		ExitErrHandler: func(context.Context, *cli.Command, error) {},
+	}
+	keepCommas(app)
+	return app
+}
+
+// keepCommas makes every repeatable flag of cmd and its subcommands take
+// each value whole: urfave/cli splits them at commas by default, which cut
+// a TOML list given to --set (sft.chain=["fid","gpt4"]) and a --stop
+// string holding a comma.
+func keepCommas(cmd *cli.Command) {
+	cmd.DisableSliceFlagSeparator = true
+	for _, sub := range cmd.Commands {
+		keepCommas(sub)
 	}
 }
 

@@ -85,6 +85,8 @@ func TestCLI(t *testing.T) {
 		{"bad top-p", []string{"generate", "--checkpoint", ck, "--prompt", "x", "--top-p", "0"}, 2, "", "--top-p", true},
 		{"unknown config key", []string{"train", "--config", "../../recal.toml", "--set", "train.nope=1"}, 2, "", `unknown key "train.nope"`, true},
 		{"contradictory config", []string{"train", "--config", "../../recal.toml", "--set", "calibration.tau_min=2"}, 2, "", "tau_min", true},
+		// A TOML list reaches the config whole: the flag is not split at its commas.
+		{"a list by --set", []string{"train", "--config", "../../recal.toml", "--set", "sft.route=agree", "--set", `sft.chain=["sim-factoid", "sim-nope"]`}, 2, "", `sft.chain[1] = "sim-nope": no such pool model`, true},
 		{"allow-config-change without resume", []string{"train", "--config", "../../recal.toml", "--allow-config-change"}, 2, "", "--allow-config-change needs --resume", true},
 		{"unknown split", []string{"eval", "--config", "../../recal.toml", "--checkpoint", ck, "--split", "weird"}, 2, "", "weird", true},
 		{"unknown router", []string{"eval", "--config", "../../recal.toml", "--checkpoint", ck, "--routers", "oracle"}, 2, "", "oracle", true},
