@@ -38,6 +38,53 @@ type Point struct {
 	// "on", "below", or "left" (cheaper than every single model and no
 	// better than the cheapest).
 	Mark string `json:"mark"`
+	// Shares is each pool model's share of a router's calls (routing
+	// collapse shows as one share near 1); nil for the single models and
+	// the oracle.
+	Shares map[string]float64 `json:"call_shares,omitempty"`
+	// Group names the policy a seed's point belongs to (Seeds); "" for
+	// the others.
+	Group string `json:"group,omitempty"`
+}
+
+// MaxShare is the largest share of p's calls one model took, and that
+// model ("" without shares).
+func (p Point) MaxShare() (string, float64) {
+	best, share := "", -1.0
+	for m, s := range p.Shares {
+		if s > share || s == share && m < best {
+			best, share = m, s
+		}
+	}
+	return best, max(share, 0)
+}
+
+// SeedSummary is one policy trained with several seeds: the mean of its
+// seeds' points and their spread, placed on the single models' hull.
+type SeedSummary struct {
+	Group string `json:"group"`
+	Seeds int    `json:"seeds"`
+	// EM and Cost are the seeds' means; EMStd and CostStd their sample
+	// standard deviations (n−1; 0 for one seed).
+	EM      float64 `json:"em"`
+	EMStd   float64 `json:"em_std"`
+	F1      float64 `json:"f1"`
+	Cost    float64 `json:"cost_per_question"`
+	CostStd float64 `json:"cost_std"`
+	Calls   float64 `json:"calls_per_question"`
+	// HullEM is the single models' hull at the mean cost (null below its
+	// cheapest point); Margin is EM − HullEM.
+	HullEM *float64 `json:"hull_em"`
+	Margin *float64 `json:"margin"`
+	// Above: the mean EM exceeds the hull's EM at the mean cost by more
+	// than the seeds' EM standard deviation (and there are 2 seeds or
+	// more): the bar of a router worth using over mixing the single
+	// models at random.
+	Above bool `json:"above_by_more_than_std"`
+	// MaxShare is the mean over seeds of the largest share of calls one
+	// model took, and MaxModel the model most often taking it.
+	MaxShare float64 `json:"max_call_share"`
+	MaxModel string  `json:"max_call_share_model"`
 }
 
 // Vertex is a point of a hull.
@@ -181,6 +228,9 @@ type Report struct {
 	BestCost   float64    `json:"best_single_cost_per_question"`
 	CostRange  [2]float64 `json:"single_cost_range"`
 	Families   []Family   `json:"families"`
+	// Seeds summarises each group of points (Point.Group), in the order
+	// groups first appear.
+	Seeds []SeedSummary `json:"seeds,omitempty"`
 }
 
 // ErrPoints: operating points the frontier cannot place.
@@ -262,7 +312,69 @@ func Analyze(ps []Point) (Report, error) {
 		f.EMAtHalf = num(f.Hull.At(rep.BestCost / 2))
 		rep.Families = append(rep.Families, f)
 	}
+	rep.Seeds = seedSummaries(rep.Points, rep.SingleHull)
 	return rep, nil
+}
+
+// seedSummaries summarises the points of each group on hull.
+func seedSummaries(ps []Point, hull Hull) []SeedSummary {
+	var order []string
+	byGroup := map[string][]Point{}
+	for _, p := range ps {
+		if p.Group == "" {
+			continue
+		}
+		if _, ok := byGroup[p.Group]; !ok {
+			order = append(order, p.Group)
+		}
+		byGroup[p.Group] = append(byGroup[p.Group], p)
+	}
+	var out []SeedSummary
+	for _, g := range order {
+		pts := byGroup[g]
+		sum := SeedSummary{Group: g, Seeds: len(pts)}
+		var ems, costs []float64
+		models := map[string]int{}
+		for _, p := range pts {
+			ems, costs = append(ems, p.EM), append(costs, p.Cost)
+			sum.F1 += p.F1 / float64(len(pts))
+			sum.Calls += p.Calls / float64(len(pts))
+			m, share := p.MaxShare()
+			sum.MaxShare += share / float64(len(pts))
+			if m != "" {
+				models[m]++
+			}
+		}
+		for m, n := range models {
+			if n > models[sum.MaxModel] || n == models[sum.MaxModel] && m < sum.MaxModel {
+				sum.MaxModel = m
+			}
+		}
+		sum.EM, sum.EMStd = meanStd(ems)
+		sum.Cost, sum.CostStd = meanStd(costs)
+		if h := hull.At(sum.Cost); !math.IsNaN(h) {
+			m := sum.EM - h
+			sum.HullEM, sum.Margin = &h, &m
+			sum.Above = len(pts) >= 2 && m > sum.EMStd
+		}
+		out = append(out, sum)
+	}
+	return out
+}
+
+// meanStd is xs' mean and sample standard deviation (n−1; 0 for one).
+func meanStd(xs []float64) (mean, std float64) {
+	for _, x := range xs {
+		mean += x / float64(len(xs))
+	}
+	if len(xs) < 2 {
+		return mean, 0
+	}
+	var ss float64
+	for _, x := range xs {
+		ss += (x - mean) * (x - mean)
+	}
+	return mean, math.Sqrt(ss / float64(len(xs)-1))
 }
 
 // num is a pointer to x, or nil for NaN (JSON has no NaN).

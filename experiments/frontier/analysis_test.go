@@ -3,6 +3,7 @@ package frontier
 import (
 	"errors"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -134,6 +135,53 @@ func TestAnalyzeErrors(t *testing.T) {
 			_, err := Analyze(c.ps)
 			if !errors.Is(err, ErrPoints) || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("error %v, want ErrPoints naming %q", err, c.want)
+			}
+		})
+	}
+}
+
+// Seeds of one policy are summarised by their mean and sample standard
+// deviation, and placed above the single models' hull only when the mean
+// EM beats the hull's EM at the mean cost by more than the EMs' spread.
+func TestSeedSummaries(t *testing.T) {
+	singles := []Point{
+		{Family: FamilySingle, Label: "cheap", EM: 0.6, Cost: 1},
+		{Family: FamilySingle, Label: "dear", EM: 0.8, Cost: 3},
+	} // the hull at cost 2: 0.7
+	seed := func(group string, em, cost float64, shares map[string]float64) Point {
+		return Point{Family: FamilyPolicy, Label: group, Group: group, EM: em, Cost: cost, Calls: 1, Shares: shares}
+	}
+	cases := []struct {
+		name     string
+		seeds    []Point
+		em, std  float64
+		cost     float64
+		margin   float64
+		above    bool
+		maxShare float64
+		maxModel string
+	}{
+		{"above by more than the spread", []Point{seed("a", 0.74, 1.9, map[string]float64{"dear": 0.5, "cheap": 0.5}), seed("a", 0.76, 2, map[string]float64{"dear": 0.7, "cheap": 0.3}), seed("a", 0.75, 2.1, map[string]float64{"dear": 0.6, "cheap": 0.4})},
+			0.75, 0.01, 2, 0.05, true, 0.6, "dear"},
+		{"above on average, within the spread", []Point{seed("b", 0.6, 2, nil), seed("b", 0.9, 2, nil)},
+			0.75, math.Sqrt(0.045), 2, 0.05, false, 0, ""},
+		{"one seed is never enough", []Point{seed("c", 0.79, 2, nil)}, 0.79, 0, 2, 0.09, false, 0, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rep, err := Analyze(append(slices.Clone(singles), c.seeds...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(rep.Seeds) != 1 {
+				t.Fatalf("%d seed summaries, want 1", len(rep.Seeds))
+			}
+			s := rep.Seeds[0]
+			if s.Seeds != len(c.seeds) || !near(s.EM, c.em) || !near(s.EMStd, c.std) || !near(s.Cost, c.cost) || s.Margin == nil || !near(*s.Margin, c.margin) || s.Above != c.above {
+				t.Errorf("summary %+v (margin %v), want EM %v ± %v at cost %v, margin %v, above %v", s, s.Margin, c.em, c.std, c.cost, c.margin, c.above)
+			}
+			if !near(s.MaxShare, c.maxShare) || s.MaxModel != c.maxModel {
+				t.Errorf("largest call share %v (%q), want %v (%q)", s.MaxShare, s.MaxModel, c.maxShare, c.maxModel)
 			}
 		})
 	}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/recal-project/recal/baselines"
 	"github.com/recal-project/recal/config"
@@ -39,6 +40,8 @@ type Options struct {
 	NoCascade bool
 	// Checkpoints are RL policies, each one point of family "policy": a
 	// checkpoint folder, or a run folder (its checkpoints/best, else last).
+	// An entry joining several with "+" holds the seeds of one policy: a
+	// point each, and their mean and spread (Report.Seeds).
 	Checkpoints []string
 	Log         *slog.Logger
 	Progress    func(router string, done, total int)
@@ -73,9 +76,11 @@ func (o Options) Validate() error {
 			return fmt.Errorf("%w: --routers: %q is not a fitted router (known: %v)", ErrOptions, r, baselines.Names())
 		}
 	}
-	for _, ck := range o.Checkpoints {
-		if _, err := os.Stat(ck); err != nil {
-			return fmt.Errorf("%w: --checkpoints: %v", ErrOptions, err)
+	for _, entry := range o.Checkpoints {
+		for _, ck := range strings.Split(entry, "+") {
+			if _, err := os.Stat(ck); err != nil {
+				return fmt.Errorf("%w: --checkpoints: %v", ErrOptions, err)
+			}
 		}
 	}
 	return nil
@@ -162,12 +167,20 @@ func Run(ctx context.Context, cfg config.Config, qs []data.Example, o Options) (
 			ps = append(ps, point(FamilyCascade, fmt.Sprintf("cascade t=%.3g", t), &t, tab.Rows[0]))
 		}
 	}
-	for i, ck := range o.Checkpoints {
-		ps2, err := policyPoint(ctx, cfg, qs, ck, filepath.Join(evalDir, fmt.Sprintf("policy-%d", i)), o)
-		if err != nil {
-			return Report{}, err
+	n := 0 // policy-N: the N-th checkpoint of the flag, seeds counted one by one
+	for _, entry := range o.Checkpoints {
+		seeds := strings.Split(entry, "+")
+		for _, ck := range seeds {
+			p, err := policyPoint(ctx, cfg, qs, ck, filepath.Join(evalDir, fmt.Sprintf("policy-%d", n)), o)
+			if err != nil {
+				return Report{}, err
+			}
+			if len(seeds) > 1 {
+				p.Group = entry
+			}
+			ps = append(ps, p)
+			n++
 		}
-		ps = append(ps, ps2)
 	}
 	for _, r := range refs {
 		if r.Reference == eval.RefOracle {
@@ -208,7 +221,11 @@ func point(family, label string, setting *float64, r eval.Row) Point {
 		v := *setting
 		st = &v
 	}
-	return Point{Family: family, Label: label, Setting: st, EM: r.Avg.EM, F1: r.Avg.F1, Cost: r.CostPerQuestion, Calls: r.Avg.Calls}
+	p := Point{Family: family, Label: label, Setting: st, EM: r.Avg.EM, F1: r.Avg.F1, Cost: r.CostPerQuestion, Calls: r.Avg.Calls}
+	if r.Routing != nil && r.Reference == "" {
+		p.Shares = r.Routing.CallShare
+	}
+	return p
 }
 
 // fmtSetting writes a swept value as its shortest decimal ("0.3", "1").

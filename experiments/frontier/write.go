@@ -68,14 +68,19 @@ func (r Report) series() []plot.FrontierSeries {
 // CSV writes one line per point.
 func (r Report) CSV(w io.Writer) error {
 	cw := csv.NewWriter(w)
-	cw.Write([]string{"family", "label", "setting", "em", "f1", "cost_per_question", "calls_per_question", "vs_single_hull"})
+	cw.Write([]string{"family", "label", "setting", "em", "f1", "cost_per_question", "calls_per_question", "vs_single_hull", "max_call_share", "max_call_share_model", "group"})
 	for _, p := range r.Points {
 		setting := ""
 		if p.Setting != nil {
 			setting = fmtSetting(*p.Setting)
 		}
+		share, model := "", ""
+		if p.Shares != nil {
+			m, s := p.MaxShare()
+			share, model = fmt.Sprintf("%.4f", s), m
+		}
 		cw.Write([]string{p.Family, p.Label, setting, fmt.Sprintf("%.4f", p.EM), fmt.Sprintf("%.4f", p.F1),
-			fmt.Sprintf("%.8f", p.Cost), fmt.Sprintf("%.4f", p.Calls), p.Mark})
+			fmt.Sprintf("%.8f", p.Cost), fmt.Sprintf("%.4f", p.Calls), p.Mark, share, model, p.Group})
 	}
 	cw.Flush()
 	return cw.Error()
@@ -84,9 +89,22 @@ func (r Report) CSV(w io.Writer) error {
 // Markdown writes the points and the families as tables.
 func (r Report) Markdown(w io.Writer) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "### Operating points\n\n| family | point | EM | F1 | cost / question, USD | calls / question | vs single models' hull |\n|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "### Operating points\n\n| family | point | EM | F1 | cost / question, USD | calls / question | vs single models' hull | largest share of calls |\n|---|---|---|---|---|---|---|---|\n")
 	for _, p := range r.Points {
-		fmt.Fprintf(&b, "| %s | %s | %.3f | %.3f | %.6f | %.2f | %s |\n", p.Family, p.Label, p.EM, p.F1, p.Cost, p.Calls, p.Mark)
+		share := "–"
+		if p.Shares != nil {
+			m, s := p.MaxShare()
+			share = fmt.Sprintf("%.1f%% %s", 100*s, m)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %.3f | %.3f | %.6f | %.2f | %s | %s |\n", p.Family, p.Label, p.EM, p.F1, p.Cost, p.Calls, p.Mark, share)
+	}
+	if len(r.Seeds) > 0 {
+		fmt.Fprintf(&b, "\n### Seeds\n\nEach policy given as seeds (checkpoints joined with +): the mean of its seeds' points ± their sample standard deviation, and the single models' hull at the mean cost. Above: the mean EM exceeds the hull's by more than the EM's standard deviation.\n\n")
+		fmt.Fprintf(&b, "| policy | seeds | EM | F1 | cost / question, USD | calls / question | hull's EM there | margin | above | largest share of calls (mean) |\n|---|---|---|---|---|---|---|---|---|---|\n")
+		for _, s := range r.Seeds {
+			fmt.Fprintf(&b, "| %s | %d | %.3f ± %.3f | %.3f | %.6f ± %.6f | %.2f | %s | %s | %s | %.1f%% %s |\n", s.Group, s.Seeds, s.EM, s.EMStd, s.F1, s.Cost, s.CostStd, s.Calls,
+				opt(s.HullEM, "%.3f"), opt(s.Margin, "%+.3f"), map[bool]string{true: "yes", false: "no"}[s.Above], 100*s.MaxShare, s.MaxModel)
+		}
 	}
 	fmt.Fprintf(&b, "\n### Families\n\nBest single model: %s, EM %.3f at %.6f USD per question. AIQ: the mean EM of a family's upper hull over the single models' cost range [%.6f, %.6f] (0 below its cheapest point).\n\n",
 		r.Best, r.BestEM, r.BestCost, r.CostRange[0], r.CostRange[1])
