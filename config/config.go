@@ -284,6 +284,11 @@ type SFT struct {
 	// Chain are the pool models the "agree" route asks, in order (2 to
 	// router.max_turns of them, each at most once).
 	Chain []string `toml:"chain"`
+	// DecisionWeight (> 0, the "agree" route) weighs the first token of
+	// each turn after a reply: the choice between answering and asking
+	// again, one token among the demonstration's many; 0 leaves it its
+	// turn's weight.
+	DecisionWeight float64 `toml:"decision_weight"`
 }
 
 // Eval configures evaluation ([eval]).
@@ -648,6 +653,8 @@ func (c *Config) Validate() error {
 		{c.SFT.Steps > 0 && c.SFT.BatchSize < 1, "sft.batch_size must be ≥ 1"},
 		{c.SFT.Steps > 0 && c.SFT.LR <= 0, "sft.lr must be > 0"},
 		{c.SFT.Steps > 0 && c.SFT.AnswerWeight <= 0, "sft.answer_weight must be > 0"},
+		{c.SFT.DecisionWeight < 0, fmt.Sprintf("sft.decision_weight = %g: must be ≥ 0 (0 = the turn's weight)", c.SFT.DecisionWeight)},
+		{c.SFT.DecisionWeight > 0 && c.SFT.Route != "agree", fmt.Sprintf("sft.decision_weight = %g: only the \"agree\" route reads it (sft.route = %q)", c.SFT.DecisionWeight, c.SFT.Route)},
 		{c.Eval.Batch < 1, "eval.batch must be ≥ 1"},
 	}
 	for _, ch := range checks {

@@ -71,6 +71,13 @@ type Config struct {
 	// action. Log-probabilities stay the unconstrained policy's. Needs a
 	// decoder as AnswerSpan's. false = off.
 	MatchClose bool `toml:"match_close"`
+	// Agreement adds a note to each observation after the first:
+	// "Agrees with: fid." naming the earlier replies of the response that
+	// mention this reply's stated answer (AgreementNote), or "Agrees with:
+	// none.". It is computed from the replies alone, as a deployment
+	// would compute it, and reads no label; it spares a small policy the
+	// string comparison a large one does by reading. false = off.
+	Agreement bool `toml:"agreement"`
 }
 
 // constrains reports whether a decoding constraint of the protocol is on.

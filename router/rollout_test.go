@@ -343,3 +343,78 @@ func TestRolloutJobModels(t *testing.T) {
 		})
 	}
 }
+
+// With router.agreement each observation after the first ends with which
+// earlier replies state its answer, computed from the replies alone; the
+// call records the reply without the note. Off, no block holds a note.
+func TestRolloutAgreement(t *testing.T) {
+	tok := loadTok(t)
+	pc := llmpool.Defaults()
+	pc.Cache = "off"
+	for name, acc := range map[string]float64{"sim-a": 1, "sim-b": 1, "sim-w": 0} {
+		pc.Models = append(pc.Models, llmpool.ModelConfig{Name: name, Description: "a simulated model", Provider: "sim",
+			Sim: &llmpool.SimConfig{DefaultAccuracy: acc}})
+	}
+	pool, err := llmpool.New(pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	ask := func(m string) string { return "<think>a</think><search>" + m + ": capital of France</search>" }
+	scripts := map[int][]string{
+		0: {ask("sim-a"), ask("sim-b"), "<answer>Paris</answer>"},
+		1: {ask("sim-a"), ask("sim-w"), ask("sim-b"), "<answer>Paris</answer>"},
+		2: {ask("GPT-9"), ask("sim-a"), "<answer>Paris</answer>"},
+	}
+	want := map[int][]string{ // each block's note
+		0: {"", " Agrees with: sim-a."},
+		1: {"", " Agrees with: none.", " Agrees with: sim-a."},
+		2: {"", " Agrees with: none."}, // a failed call agrees with nothing
+	}
+	q := llmpool.Question{ID: "nq/1", Dataset: "nq", Text: "What is the capital of France?", Golden: []string{"Paris"}}
+	jobs := []Job{{Question: q, Prompt: []int32{1, 2, 3}}, {Question: q, Prompt: []int32{1, 2, 3}}, {Question: q, Prompt: []int32{1, 2, 3}}}
+	for _, on := range []bool{false, true} {
+		dec := &forced{tok: tok, queue: map[int][]int32{}, turn: map[int]int{}, fed: map[int][][]int32{}, turns: scripts}
+		cfg := Config{MaxTurns: 3, TurnTokens: 24, InfoTokens: 32, Agreement: on}
+		out, _, err := Rollout(context.Background(), dec, tok, pool, cfg, jobs, generate.Sampling{}, []int32{int32(tok.EOS())}, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, notes := range want {
+			o := out[i]
+			blocks := InfoBlocks(o.Text)
+			if len(blocks) != len(notes) || len(o.Calls) != len(notes) {
+				t.Fatalf("agreement %v, row %d: %d blocks, %d calls, want %d: %q", on, i, len(blocks), len(o.Calls), len(notes), o.Text)
+			}
+			for k, b := range blocks {
+				note := notes[k]
+				if !on {
+					note = ""
+				}
+				if b != o.Calls[k].Reply+note {
+					t.Errorf("agreement %v, row %d, block %d: %q, want the reply %q then %q", on, i, k, b, o.Calls[k].Reply, note)
+				}
+			}
+		}
+	}
+}
+
+func TestAgreementNote(t *testing.T) {
+	earlier := []Call{
+		{Model: "fid", Reply: "The answer is Lagos State."},
+		{Model: "gpt35", Reply: "[pool error: model gpt35 unavailable]", Failed: true},
+		{Model: "chatgpt", Reply: "Lagos, I think. The answer is Lagos."},
+	}
+	cases := []struct{ reply, want string }{
+		{"The answer is Lagos.", " Agrees with: fid, chatgpt."}, // whole words inside a longer answer
+		{"The answer is lagos state", " Agrees with: fid."},
+		{"The answer is Abuja.", " Agrees with: none."},
+		{"Lagos", " Agrees with: none."}, // states no answer
+		{"The answer is pool error.", " Agrees with: none."}, // failed calls agree with nothing
+	}
+	for _, c := range cases {
+		if got := AgreementNote(c.reply, earlier); got != c.want {
+			t.Errorf("AgreementNote(%q) = %q, want %q", c.reply, got, c.want)
+		}
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/generate"
 	"github.com/recal-project/recal/llmpool"
 )
@@ -194,6 +195,10 @@ func (e *Scheduler) call(p *Pending, a Action) {
 	p.cancelCall = cancel
 	q := p.job.Question
 	refuse := p.opt.MaxCostUSD > 0 && p.spent >= p.opt.MaxCostUSD
+	var earlier []Call // router.agreement's: the calls before this one (the decode loop owns p.out)
+	if e.cfg.Agreement {
+		earlier = slices.Clone(p.out.Calls)
+	}
 	go func() {
 		var c Call
 		if refuse {
@@ -207,7 +212,7 @@ func (e *Scheduler) call(p *Pending, a Action) {
 		}
 		// The reply is cut and encoded here, off the decode loop, so a
 		// long one delays only its own row.
-		block, body := InfoBlock(e.tok, c.Reply, e.cfg.InfoTokens)
+		block, body := InfoBlockNote(e.tok, c.Reply, earlier, e.cfg.InfoTokens)
 		c.Reply, c.ReplyBytes = body, len(c.Reply)
 		if p.opt.OnCall != nil && p.ctx.Err() == nil {
 			p.opt.OnCall(c)
@@ -275,6 +280,14 @@ const ReplyBytesPerToken = 16
 // (EncodePlain: "<|im_end|>" in a reply is text, not a control token) and
 // cut to at most limit tokens. Only the wrapping is recal's own.
 func InfoBlock(tok Tokenizer, reply string, limit int) (block []int32, body string) {
+	return InfoBlockNote(tok, reply, nil, limit)
+}
+
+// InfoBlockNote is InfoBlock with router.agreement's note on the reply
+// (AgreementNote against earlier, the bodies of the response's earlier
+// calls) after BODY, inside the block; BODY is still the reply alone. No
+// note without earlier calls.
+func InfoBlockNote(tok Tokenizer, reply string, earlier []Call, limit int) (block []int32, body string) {
 	limit = max(limit, 0)
 	maxBytes := math.MaxInt
 	if limit < math.MaxInt/ReplyBytesPerToken {
@@ -284,10 +297,49 @@ func InfoBlock(tok Tokenizer, reply string, limit int) (block []int32, body stri
 	if len(ids) > limit {
 		ids = ids[:limit]
 	}
+	body = tok.Decode(ids)
 	block = toInt32(tok.Encode("\n\n" + InfoOpen))
 	block = append(block, toInt32(ids)...)
+	if len(earlier) > 0 {
+		block = append(block, toInt32(tok.EncodePlain(AgreementNote(body, earlier)))...)
+	}
 	block = append(block, toInt32(tok.Encode(InfoClose+"\n\n"))...)
-	return block, tok.Decode(ids)
+	return block, body
+}
+
+// AgreementNote is router.agreement's note on reply: " Agrees with: M1,
+// M2." naming, in order, the earlier calls whose reply mentions reply's
+// stated answer (StatedAnswer; data.Mentions: its normalised words as a
+// run of whole words), or " Agrees with: none." (also for a reply that
+// states no answer). Failed calls (errors, refusals) agree with nothing.
+func AgreementNote(reply string, earlier []Call) string {
+	var same []string
+	if a, ok := StatedAnswer(reply); ok {
+		for _, c := range earlier {
+			if !c.Failed && data.Mentions(c.Reply, a) && !slices.Contains(same, c.Model) {
+				same = append(same, c.Model)
+			}
+		}
+	}
+	if len(same) == 0 {
+		return " Agrees with: none."
+	}
+	return " Agrees with: " + strings.Join(same, ", ") + "."
+}
+
+// StatedAnswer is reply's text after its last "answer is" (any case),
+// trimmed, trailing periods removed, cut to 8 words, if it has one.
+func StatedAnswer(reply string) (string, bool) {
+	text := strings.TrimSpace(reply)
+	k := strings.LastIndex(strings.ToLower(text), "answer is")
+	if k < 0 {
+		return "", false
+	}
+	text = strings.TrimRight(strings.TrimSpace(text[k+len("answer is"):]), ".")
+	if w := strings.Fields(text); len(w) > 8 {
+		text = strings.Join(w[:8], " ")
+	}
+	return text, true
 }
 
 // sanitizeReply trims a pool reply and removes protocol tags from it, so an

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
-	"strings"
 
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
@@ -34,6 +33,10 @@ type DemoOptions struct {
 	AnswerWeight float32
 	// Chain are the models the "agree" route asks, in order.
 	Chain []string
+	// DecisionWeight, when > 0, is the mask of the first token of each
+	// turn that follows a reply (the choice between answering and asking
+	// again) in the "agree" route, in place of its turn's weight.
+	DecisionWeight float32
 }
 
 // DemoRoutes are the warm-up's demonstration routes by name (sft.route,
@@ -88,7 +91,7 @@ func BuildDemos(ctx context.Context, env *rollout.Env, qs []data.Example, seed i
 	}
 	out := make([]Demo, len(qs))
 	for i, q := range qs {
-		out[i] = writeDemo(env, prompts[i], q, []demoCall{{reqs[i].Model, replies[i].Text}}, answerWeight)
+		out[i] = writeDemo(env, prompts[i], q, []demoCall{{reqs[i].Model, replies[i].Text}}, answerWeight, 0)
 	}
 	return out, nil
 }
@@ -140,14 +143,14 @@ func buildAgreeDemos(ctx context.Context, env *rollout.Env, qs []data.Example, o
 	}
 	out := make([]Demo, len(qs))
 	for i, q := range qs {
-		out[i] = writeDemo(env, prompts[i], q, calls[i], o.AnswerWeight)
+		out[i] = writeDemo(env, prompts[i], q, calls[i], o.AnswerWeight, o.DecisionWeight)
 	}
 	return out, nil
 }
 
 // agrees reports whether an earlier reply mentions reply's stated answer.
 func agrees(reply string, earlier []demoCall) bool {
-	a, ok := statedAnswer(reply)
+	a, ok := router.StatedAnswer(reply)
 	if !ok {
 		return false
 	}
@@ -171,20 +174,31 @@ type demoCall struct {
 // demonstration after it: imitating its first words would teach the policy
 // to copy a reply from its start, which no right answer of a reply that
 // states one ("The answer is X.") is. The mask is 1 on the think and search
-// turns and answerWeight on the answer turn (0 on prompt and replies).
-func writeDemo(env *rollout.Env, prompt []int32, q data.Example, calls []demoCall, answerWeight float32) Demo {
+// turns and answerWeight on the answer turn (0 on prompt and replies); with
+// decisionWeight > 0, the first token of each turn after a reply weighs
+// decisionWeight instead.
+func writeDemo(env *rollout.Env, prompt []int32, q data.Example, calls []demoCall, answerWeight, decisionWeight float32) Demo {
 	tok := env.Engine.Tok
 	d := Demo{Tokens: append([]int32(nil), prompt...)}
 	d.Mask = make([]float32, len(prompt))
+	var shown []router.Call // the replies as the policy is shown them (router.agreement's notes compare them)
 	for _, c := range calls {
 		// The question, the reply and the answer drawn from it are plain
 		// text: "<|im_end|>" in them is never a control token.
 		turn := rollout.ToInt32(tok.EncodeSegments(tokenizer.Segment{Text: router.ThinkOpen + router.DemoThinkSearch + router.ThinkClose + "\n" + router.SearchOpen + c.Model + ": "},
 			tokenizer.Segment{Text: q.Question, Plain: true}, tokenizer.Segment{Text: router.SearchClose}))
-		info, _ := router.InfoBlock(tok, c.Reply, env.Router.InfoTokens)
+		var earlier []router.Call
+		if env.Router.Agreement {
+			earlier = shown
+		}
+		info, body := router.InfoBlockNote(tok, c.Reply, earlier, env.Router.InfoTokens)
+		shown = append(shown, router.Call{Model: c.Model, Reply: body})
 		d.Tokens = append(append(d.Tokens, turn...), info...)
 		for range turn {
 			d.Mask = append(d.Mask, 1)
+		}
+		if k := len(d.Mask) - len(turn); decisionWeight > 0 && k > len(prompt) {
+			d.Mask[k] = decisionWeight
 		}
 		d.Mask = append(d.Mask, make([]float32, len(info))...)
 	}
@@ -200,12 +214,15 @@ func writeDemo(env *rollout.Env, prompt []int32, q data.Example, calls []demoCal
 		for range turn {
 			d.Mask = append(d.Mask, answerWeight)
 		}
+		if decisionWeight > 0 {
+			d.Mask[len(d.Mask)-len(turn)] = decisionWeight
+		}
 	}
 	return d
 }
 
 // demoAnswer is a demonstration's answer to reply: the golden answer it
-// mentions (correct), else its stated answer (statedAnswer), else nothing
+// mentions (correct), else its stated answer (router.StatedAnswer), else nothing
 // to copy ("", false, false).
 func demoAnswer(reply string, golden []string) (answer string, correct, stated bool) {
 	for _, g := range golden {
@@ -213,23 +230,8 @@ func demoAnswer(reply string, golden []string) (answer string, correct, stated b
 			return g, true, true
 		}
 	}
-	a, ok := statedAnswer(reply)
+	a, ok := router.StatedAnswer(reply)
 	return a, false, ok
-}
-
-// statedAnswer is reply's text after the last "answer is", cut to 8 words,
-// if it has one.
-func statedAnswer(reply string) (string, bool) {
-	text := strings.TrimSpace(reply)
-	k := strings.LastIndex(strings.ToLower(text), "answer is")
-	if k < 0 {
-		return "", false
-	}
-	text = strings.TrimRight(strings.TrimSpace(text[k+len("answer is"):]), ".")
-	if w := strings.Fields(text); len(w) > 8 {
-		text = strings.Join(w[:8], " ")
-	}
-	return text, true
 }
 
 // SFTLine is one line of sft.jsonl (the warm-up's, and SFT-direct's).
@@ -255,7 +257,8 @@ func runSFT(ctx context.Context, cfg config.Config, env *rollout.Env, r ranks, t
 		return fmt.Errorf("trainer: sft.route = %q: no such demonstration route", cfg.SFT.Route)
 	}
 	build := func(step int, qs []data.Example) ([]Demo, error) {
-		return route(ctx, denv, qs, DemoOptions{Seed: cfg.Train.Seed + int64(step), AnswerWeight: float32(cfg.SFT.AnswerWeight), Chain: cfg.SFT.Chain})
+		return route(ctx, denv, qs, DemoOptions{Seed: cfg.Train.Seed + int64(step), AnswerWeight: float32(cfg.SFT.AnswerWeight), Chain: cfg.SFT.Chain,
+			DecisionWeight: float32(cfg.SFT.DecisionWeight)})
 	}
 	return fitShared(ctx, cfg, env.Engine.Policy, r, train, "sft", build, run.logSFT, log)
 }

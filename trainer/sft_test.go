@@ -92,7 +92,7 @@ func TestAgreeDemos(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			cfg := testConfig(t, ck, "router.info_tokens=32", "router.max_turns=3")
+			cfg := testConfig(t, ck, "router.info_tokens=32", "router.max_turns=3", "router.agreement=true")
 			for i, m := range cfg.Pool.Models {
 				cfg.Pool.Models[i].Sim.Accuracy = nil
 				cfg.Pool.Models[i].Sim.DefaultAccuracy = c.accuracy[m.Name]
@@ -107,7 +107,7 @@ func TestAgreeDemos(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer env.Close()
-			demos, err := trainer.DemoRoutes["agree"](context.Background(), env, qs, trainer.DemoOptions{Seed: 7, AnswerWeight: 3, Chain: chain})
+			demos, err := trainer.DemoRoutes["agree"](context.Background(), env, qs, trainer.DemoOptions{Seed: 7, AnswerWeight: 3, Chain: chain, DecisionWeight: 7})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -115,6 +115,7 @@ func TestAgreeDemos(t *testing.T) {
 				// The response: from the first trained token on (the
 				// prompt's instructions spell the tags too).
 				var ids, trained []int
+				var decisions []string // the tokens weighed by DecisionWeight
 				for k, v := range d.Tokens {
 					if len(ids) > 0 || d.Mask[k] > 0 {
 						ids = append(ids, int(v))
@@ -122,6 +123,22 @@ func TestAgreeDemos(t *testing.T) {
 					if d.Mask[k] > 0 {
 						trained = append(trained, int(v))
 					}
+					if d.Mask[k] == 7 {
+						decisions = append(decisions, eng.Tok.Decode([]int{int(v)}))
+					}
+				}
+				// One decision after each reply: ask again (a turn opening
+				// with <think>) or answer; the last is the answer.
+				ok := len(decisions) == len(c.calls)
+				for k, tk := range decisions {
+					open := router.ThinkOpen
+					if k == len(decisions)-1 {
+						open = router.AnswerOpen
+					}
+					ok = ok && strings.HasPrefix(open, tk)
+				}
+				if !ok || decisions[0] == decisions[len(decisions)-1] {
+					t.Errorf("question %d: decision tokens %q, want %d, each opening <think> but the last, which opens <answer>", i, decisions, len(c.calls))
 				}
 				text := eng.Tok.Decode(ids)
 				var asked []string
@@ -131,8 +148,17 @@ func TestAgreeDemos(t *testing.T) {
 				if !slices.Equal(asked, c.calls) {
 					t.Errorf("question %d asks %q, want %q:\n%s", i, asked, c.calls, text)
 				}
-				if n := len(router.InfoBlocks(text)); n != len(c.calls) {
-					t.Errorf("question %d: %d information blocks, want %d", i, n, len(c.calls))
+				blocks := router.InfoBlocks(text)
+				if len(blocks) != len(c.calls) {
+					t.Errorf("question %d: %d information blocks, want %d", i, len(blocks), len(c.calls))
+				}
+				// router.agreement's notes, as rollouts write them.
+				wantNote := " Agrees with: none."
+				if c.name == "agree" {
+					wantNote = " Agrees with: sim-factoid."
+				}
+				if len(blocks) > 1 && (strings.Contains(blocks[0], "Agrees") || !strings.HasSuffix(blocks[1], wantNote)) {
+					t.Errorf("question %d: blocks %q, want no note on the first and %q on the second", i, blocks, wantNote)
 				}
 				ans, ok := router.LastAnswer(text)
 				if !ok {
