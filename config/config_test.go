@@ -65,6 +65,8 @@ func TestParse(t *testing.T) {
 		{name: "chain longer than the turns", text: base, sets: []string{"sft.route=agree", `sft.chain=["m", "m", "m", "m"]`}, wantErr: "router.max_turns (3)"},
 		{name: "chain model not in the pool", text: base, sets: []string{"sft.route=agree", `sft.chain=["m", "x"]`}, wantErr: `sft.chain[1] = "x": no such pool model`},
 		{name: "chain asks a model twice", text: base, sets: []string{"sft.route=agree", `sft.chain=["m", "m"]`}, wantErr: `sft.chain[1] = "m": asked twice`},
+		{name: "negative decision weight", text: base, sets: []string{"sft.decision_weight=-1"}, wantErr: "sft.decision_weight = -1: must be ≥ 0"},
+		{name: "decision weight without the agree route", text: base, sets: []string{"sft.decision_weight=5"}, wantErr: `only the "agree" route reads it`},
 		{name: "chain without the agree route", text: base, sets: []string{`sft.chain=["m", "m"]`}, wantErr: "only \"agree\" does"},
 		{name: "agree route with model subsets", text: base + "\n[[pool.models]]\nname = \"n\"\ndescription = \"d\"\nprovider = \"sim\"\n", sets: []string{"sft.route=agree", `sft.chain=["m", "n"]`, "train.model_subsets=0.5"}, wantErr: "model_subsets"},
 		{name: "weights all zero", text: base, sets: []string{"calibration.weights.ans=0", "calibration.weights.info=0",
