@@ -95,7 +95,7 @@ INIT := runs/init/tiny/model.safetensors
 GOENV = CGO_CFLAGS="-O2 -DRECAL_LIB=$$(sha1sum $(LIB) | cut -c1-16)" CGO_LDFLAGS="$(TORCH_LDFLAGS)"
 
 # Pure-Go packages: they build and test without cgo or libtorch.
-PURE_PKGS := $(foreach d,internal/hfmodel internal/atomicfile internal/inputfile internal/runlock internal/docgen internal/httpretry internal/diskcache config generate tokenizer data llmpool outcomes router calibration plot dist serve embed,$(if $(wildcard $(d)),./$(d)/...)) ./baselines
+PURE_PKGS := $(foreach d,internal/hfmodel internal/atomicfile internal/inputfile internal/runlock internal/docgen internal/httpretry internal/diskcache config internal/generate internal/tokenizer data llmpool internal/outcomes router calibration internal/plot dist serve embed,$(if $(wildcard $(d)),./$(d)/...)) ./baselines
 
 .PHONY: all build lib deps test test-kernels test-pure fuzz bench train clean fixtures e2e-serve docs
 
@@ -211,7 +211,7 @@ e2e-serve: lib
 # the minutes this run has. It is made again when what it is trimmed to
 # changes (recal.toml: the pool's names and descriptions; comments do not
 # count) or when the code that writes it changes.
-$(INIT): Makefile recal.toml $(wildcard router/*.tmpl internal/hfmodel/*.go internal/atomicfile/*.go tokenizer/*.go policyinit/*.go) router/protocol.go | build
+$(INIT): Makefile recal.toml $(wildcard router/*.tmpl internal/hfmodel/*.go internal/atomicfile/*.go internal/tokenizer/*.go internal/policyinit/*.go) router/protocol.go | build
 	./bin/recal policy init --preset tiny --tokenizer tokenizer/qwen2.5 --out runs/init/tiny --seed 0 \
 		--trim-corpus data/qa --trim-corpus router --trim-corpus recal.toml --trim-vocab 4000 --copy-circuit
 

@@ -7,7 +7,7 @@ import (
 	"os"
 	"slices"
 
-	"github.com/recal-project/recal/outcomes"
+	"github.com/recal-project/recal/internal/outcomes"
 )
 
 // ExportJudge is the Judge of the rows ExportLog writes: Correct is the

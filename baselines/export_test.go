@@ -6,8 +6,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/recal-project/recal/internal/outcomes"
 	"github.com/recal-project/recal/llmpool"
-	"github.com/recal-project/recal/outcomes"
 )
 
 // ExportLog writes every collected (question, model) with a reply as an

@@ -11,7 +11,7 @@ import (
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/embed"
 	"github.com/recal-project/recal/eval"
-	"github.com/recal-project/recal/rollout"
+	"github.com/recal-project/recal/internal/rollout"
 )
 
 // fitRouters collects the outcomes of the fixture's pool on a few training

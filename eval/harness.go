@@ -16,7 +16,7 @@ import (
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/dist"
 	"github.com/recal-project/recal/internal/atomicfile"
-	"github.com/recal-project/recal/rollout"
+	"github.com/recal-project/recal/internal/rollout"
 )
 
 // Row is one router's line of the table, or one reference row's

@@ -20,8 +20,8 @@ import (
 	"github.com/recal-project/recal/dist"
 	"github.com/recal-project/recal/embed"
 	"github.com/recal-project/recal/internal/inputfile"
+	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/llmpool"
-	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/router"
 )
 

@@ -7,7 +7,7 @@ import (
 
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/dist"
-	"github.com/recal-project/recal/rollout"
+	"github.com/recal-project/recal/internal/rollout"
 )
 
 // Data-parallel evaluation (Setup.Group): rank 0 alone reads and writes the

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/recal-project/recal/generate"
+	"github.com/recal-project/recal/internal/generate"
 	"github.com/recal-project/recal/llmpool"
 )
 

@@ -20,8 +20,8 @@ import (
 	"time"
 
 	"github.com/recal-project/recal/dist"
+	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/internal/testing/ranktest"
-	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/trainer"
 )
 

@@ -16,9 +16,9 @@ import (
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/dist"
-	"github.com/recal-project/recal/generate"
+	"github.com/recal-project/recal/internal/generate"
+	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/internal/runlock"
-	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/router"
 	"github.com/recal-project/recal/torchbridge"
 )

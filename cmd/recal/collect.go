@@ -11,8 +11,8 @@ import (
 
 	"github.com/recal-project/recal/baselines"
 	"github.com/recal-project/recal/eval"
+	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/llmpool"
-	"github.com/recal-project/recal/rollout"
 )
 
 func collectCommand() *cli.Command {

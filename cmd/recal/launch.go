@@ -15,7 +15,7 @@ import (
 
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/dist"
-	"github.com/recal-project/recal/rollout"
+	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/torchbridge"
 	"github.com/recal-project/recal/trainer"
 )

@@ -17,7 +17,7 @@ import (
 	"github.com/recal-project/recal/embed"
 	"github.com/recal-project/recal/eval"
 	"github.com/recal-project/recal/experiments/table1"
-	"github.com/recal-project/recal/rollout"
+	"github.com/recal-project/recal/internal/rollout"
 )
 
 // DefaultCostLambdas is the cost_lambda sweep of the fitted routers.

@@ -21,8 +21,8 @@ import (
 	"github.com/recal-project/recal/eval"
 	"github.com/recal-project/recal/experiments/sftdirect"
 	"github.com/recal-project/recal/internal/atomicfile"
+	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/llmpool"
-	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/torchbridge"
 	"github.com/recal-project/recal/trainer"
 )

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/recal-project/recal/data"
-	"github.com/recal-project/recal/generate"
+	"github.com/recal-project/recal/internal/generate"
 )
 
 // TestRolloutLogpMatchesScore: the log-probs a rollout records while it

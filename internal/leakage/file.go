@@ -5,8 +5,8 @@ import (
 	"io"
 	"strings"
 
+	"github.com/recal-project/recal/internal/outcomes"
 	"github.com/recal-project/recal/llmpool"
-	"github.com/recal-project/recal/outcomes"
 )
 
 // CheckFile reads the outcome log at path and checks the replies a

@@ -16,13 +16,13 @@ import (
 
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
-	"github.com/recal-project/recal/generate"
+	"github.com/recal-project/recal/internal/generate"
 	"github.com/recal-project/recal/internal/hfmodel"
+	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/internal/testing/testenv"
+	"github.com/recal-project/recal/internal/tokenizer"
 	"github.com/recal-project/recal/llmpool"
-	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/router"
-	"github.com/recal-project/recal/tokenizer"
 	"github.com/recal-project/recal/torchbridge"
 )
 
@@ -79,7 +79,7 @@ func writePolicy(t *testing.T, std float64, edit func(get func(string) []float32
 		edit(get, set)
 	}
 	for _, f := range []string{"tokenizer.json", "tokenizer_config.json"} {
-		b, err := os.ReadFile(filepath.Join("..", "tokenizer", "qwen2.5", f))
+		b, err := os.ReadFile(filepath.Join("..", "..", "tokenizer", "qwen2.5", f))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -111,7 +111,7 @@ func searcher(t *testing.T, model string) string {
 // what the rest of the context contributes.
 func searcherScaled(t *testing.T, model string, scale float64) string {
 	t.Helper()
-	tok, err := tokenizer.Load("../tokenizer/qwen2.5")
+	tok, err := tokenizer.Load("../../tokenizer/qwen2.5")
 	if err != nil {
 		t.Fatal(err)
 	}

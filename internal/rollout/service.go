@@ -8,7 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/recal-project/recal/generate"
+	"github.com/recal-project/recal/internal/generate"
 	"github.com/recal-project/recal/llmpool"
 	"github.com/recal-project/recal/router"
 	"github.com/recal-project/recal/torchbridge"

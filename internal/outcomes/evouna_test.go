@@ -94,7 +94,7 @@ func TestConvertEVOUNAHostileSource(t *testing.T) {
 // counts, and every question of those files has a judged row of every
 // system, which the replay config relies on.
 func TestVendoredEVOUNA(t *testing.T) {
-	dir := filepath.Join("..", "data", "outcomes", "evouna")
+	dir := filepath.Join("..", "..", "data", "outcomes", "evouna")
 	b, err := os.ReadFile(filepath.Join(dir, ReportFile))
 	if err != nil {
 		t.Fatal(err)
@@ -151,7 +151,7 @@ func TestConvertEVOUNAReproducesVendored(t *testing.T) {
 	if _, err := ConvertEVOUNA(src, out, EVOUNAOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	vend := filepath.Join("..", "data", "outcomes", "evouna")
+	vend := filepath.Join("..", "..", "data", "outcomes", "evouna")
 	for _, f := range []string{ReportFile, "README.md", "LICENSE", "nq/train.jsonl", "nq/test.jsonl", "triviaqa/test.jsonl"} {
 		a, _ := os.ReadFile(filepath.Join(out, f))
 		b, _ := os.ReadFile(filepath.Join(vend, f))

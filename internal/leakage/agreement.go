@@ -6,8 +6,8 @@ import (
 	"strings"
 
 	"github.com/recal-project/recal/baselines"
+	"github.com/recal-project/recal/internal/outcomes"
 	"github.com/recal-project/recal/llmpool"
-	"github.com/recal-project/recal/outcomes"
 )
 
 // A policy that calls two models sees two replies, and whether they agree

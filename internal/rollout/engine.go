@@ -7,9 +7,9 @@ import (
 	"runtime"
 
 	"github.com/recal-project/recal/config"
-	"github.com/recal-project/recal/generate"
+	"github.com/recal-project/recal/internal/generate"
 	"github.com/recal-project/recal/internal/hfmodel"
-	"github.com/recal-project/recal/tokenizer"
+	"github.com/recal-project/recal/internal/tokenizer"
 	"github.com/recal-project/recal/torchbridge"
 )
 

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/recal-project/recal/data"
-	"github.com/recal-project/recal/generate"
+	"github.com/recal-project/recal/internal/generate"
 )
 
 // Rollouts decoded in rounds (train.rollout_rows, Env.MaxRows) sample what

@@ -23,8 +23,8 @@ import (
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/internal/hfmodel"
 	"github.com/recal-project/recal/internal/inputfile"
+	"github.com/recal-project/recal/internal/tokenizer"
 	"github.com/recal-project/recal/router"
-	"github.com/recal-project/recal/tokenizer"
 	"github.com/recal-project/recal/torchbridge"
 )
 

@@ -28,7 +28,7 @@ func trimAndLoad(t *testing.T, full *Tokenizer, corpus []string, maxVocab int) (
 // A trimmed tokenizer encodes its corpus into the same token strings with new
 // ids, still encodes anything else, and is much smaller.
 func TestTrim(t *testing.T) {
-	full, err := Load("qwen2.5")
+	full, err := Load(qwenDir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +79,7 @@ func TestTrim(t *testing.T) {
 // A capped trim keeps the corpus's most frequent tokens within the cap; text
 // whose tokens were dropped still round-trips, in more pieces.
 func TestTrimCap(t *testing.T) {
-	full, err := Load("qwen2.5")
+	full, err := Load(qwenDir)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,5 +16,5 @@ func TestMain(m *testing.M) {
 
 // testConfig is recal.toml made small for tests (testenv.Config).
 func testConfig(t *testing.T, ck string, sets ...string) config.Config {
-	return testenv.Config(t, "..", ck, sets...)
+	return testenv.Config(t, "../..", ck, sets...)
 }

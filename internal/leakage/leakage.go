@@ -26,7 +26,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/recal-project/recal/outcomes"
+	"github.com/recal-project/recal/internal/outcomes"
 )
 
 // Options of Check. The zero value is the defaults.

@@ -8,7 +8,7 @@ import (
 
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
-	"github.com/recal-project/recal/generate"
+	"github.com/recal-project/recal/internal/generate"
 	"github.com/recal-project/recal/llmpool"
 	"github.com/recal-project/recal/router"
 	"github.com/recal-project/recal/torchbridge"

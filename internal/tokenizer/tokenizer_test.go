@@ -19,8 +19,9 @@ import (
 
 var update = flag.Bool("update", false, "regenerate testdata/golden.jsonl and testdata/chat_golden.jsonl with node (run npm ci in testdata/ref first)")
 
-// qwenDir is the vendored Qwen2.5 tokenizer the golden files were made from.
-const qwenDir = "qwen2.5"
+// qwenDir is the vendored Qwen2.5 tokenizer the golden files were made from
+// (a data folder at the top of the repository).
+const qwenDir = "../../tokenizer/qwen2.5"
 
 var (
 	qwenOnce sync.Once
@@ -304,7 +305,7 @@ func TestLoadWithoutConfig(t *testing.T) {
 }
 
 func ExampleTokenizer_Encode() {
-	tk, err := Load("qwen2.5")
+	tk, err := Load(qwenDir)
 	if err != nil {
 		panic(err)
 	}
@@ -317,7 +318,7 @@ func ExampleTokenizer_Encode() {
 }
 
 func ExampleTokenizer_FormatChat() {
-	tk, err := Load("qwen2.5")
+	tk, err := Load(qwenDir)
 	if err != nil {
 		panic(err)
 	}

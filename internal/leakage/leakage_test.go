@@ -7,11 +7,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/recal-project/recal/internal/outcomes"
 	"github.com/recal-project/recal/llmpool"
-	"github.com/recal-project/recal/outcomes"
 )
 
-const evounaLog = "../data/outcomes/evouna/outcomes.jsonl.gz"
+const evounaLog = "../../data/outcomes/evouna/outcomes.jsonl.gz"
 
 // renderV2 is the replay rule of llmpool.ReplayVersion 2, kept here to show
 // that the check catches it: a right reply became "The answer is G.", a

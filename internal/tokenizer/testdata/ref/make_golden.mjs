@@ -4,15 +4,16 @@
 //   ../chat_golden.jsonl  {"name", "messages", "add_generation_prompt", "text", "ids"} per line
 //
 // The reference is @lenml/tokenizers (a dependency-free port of transformers.js's
-// tokenizers) reading the vendored ../../qwen2.5/tokenizer.json and
-// tokenizer_config.json. Run: npm ci && node make_golden.mjs
+// tokenizers) reading the vendored tokenizer.json and tokenizer_config.json
+// of tokenizer/qwen2.5 (at the top of the repository). Run: npm ci && node
+// make_golden.mjs
 import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { TokenizerLoader } from "@lenml/tokenizers";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
-const modelDir = path.join(here, "..", "..", "qwen2.5");
+const modelDir = path.join(here, "..", "..", "..", "..", "tokenizer", "qwen2.5");
 const readJSON = (f) => JSON.parse(fs.readFileSync(path.join(modelDir, f), "utf8"));
 const tok = TokenizerLoader.fromPreTrained({
   tokenizerJSON: readJSON("tokenizer.json"),

@@ -20,9 +20,9 @@ import (
 
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/internal/hfmodel"
+	"github.com/recal-project/recal/internal/tokenizer"
 	"github.com/recal-project/recal/llmpool"
 	"github.com/recal-project/recal/router"
-	"github.com/recal-project/recal/tokenizer"
 )
 
 // Error is the problems a dry run found, each a line naming what is wrong.

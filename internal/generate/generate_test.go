@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/recal-project/recal/generate"
+	"github.com/recal-project/recal/internal/generate"
 )
 
 // scripted is a Decoder that replays fixed continuations per row, recording

@@ -222,7 +222,7 @@ func TestLoadHostileFiles(t *testing.T) {
 	} {
 		t.Run(tc.file+" "+tc.kind, func(t *testing.T) {
 			dir := t.TempDir()
-			b, err := os.ReadFile(filepath.Join("qwen2.5", TokenizerFile))
+			b, err := os.ReadFile(filepath.Join(qwenDir, TokenizerFile))
 			if err != nil {
 				t.Fatal(err)
 			}
