@@ -14,7 +14,7 @@ import (
 
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
-	"github.com/recal-project/recal/dist"
+	dist "github.com/recal-project/recal/internal/procgroup"
 	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/llmpool"
 	"github.com/recal-project/recal/router"

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/recal-project/recal/dist"
+	dist "github.com/recal-project/recal/internal/procgroup"
 )
 
 // The mini-batches of a step: response-major cuts, each in global row

@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/recal-project/recal/dist"
+	dist "github.com/recal-project/recal/internal/procgroup"
 	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/internal/testing/ranktest"
 	"github.com/recal-project/recal/trainer"

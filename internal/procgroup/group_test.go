@@ -1,4 +1,4 @@
-package dist_test
+package procgroup_test
 
 import (
 	"context"
@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/recal-project/recal/dist"
+	"github.com/recal-project/recal/internal/procgroup"
 )
 
 func ExampleSingle() {
 	ctx := context.Background()
-	g := dist.Single()
+	g := procgroup.Single()
 	defer g.Close()
 	parts, _ := g.AllGather(ctx, []byte("rewards of rank 0"))
 	b, _ := g.Broadcast(ctx, []byte("step 7"), 0)
@@ -26,7 +26,7 @@ func TestSingle(t *testing.T) {
 	ctx := context.Background()
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
-	g := dist.Single()
+	g := procgroup.Single()
 	in := []byte{1, 2, 3}
 	parts, err := g.AllGather(ctx, in)
 	if err != nil || len(parts) != 1 || string(parts[0]) != string(in) {
@@ -74,7 +74,7 @@ var errAny = errors.New("any error")
 
 func TestGradReducerFunc(t *testing.T) {
 	calls := 0
-	var r dist.GradReducer = dist.GradReducerFunc(func(context.Context) error { calls++; return nil })
+	var r procgroup.GradReducer = procgroup.GradReducerFunc(func(context.Context) error { calls++; return nil })
 	if err := r.AllReduceGrads(context.Background()); err != nil || calls != 1 {
 		t.Fatalf("AllReduceGrads: err %v, %d calls; want nil and 1", err, calls)
 	}

@@ -1,4 +1,4 @@
-// Package dist is what a data-parallel training loop needs from its process
+// Package procgroup is what a data-parallel training loop needs from its process
 // group, without cgo: the Group of ranks that exchange bytes (rollout
 // records, rewards, statistics) and reach barriers together, the
 // GradReducer that sums the policy's gradients over them, a single-process
@@ -8,7 +8,7 @@
 //
 // As with torch.distributed, every rank must call the same collectives in
 // the same order.
-package dist
+package procgroup
 
 import (
 	"context"
@@ -41,7 +41,7 @@ type GradReducer interface {
 
 // GradReducerFunc adapts a function to GradReducer, e.g.
 //
-//	dist.GradReducerFunc(func(ctx context.Context) error { return pg.AllReduceGrads(ctx, policy) })
+//	procgroup.GradReducerFunc(func(ctx context.Context) error { return pg.AllReduceGrads(ctx, policy) })
 type GradReducerFunc func(ctx context.Context) error
 
 // AllReduceGrads calls f.
