@@ -95,7 +95,7 @@ INIT := runs/init/tiny/model.safetensors
 GOENV = CGO_CFLAGS="-O2 -DRECAL_LIB=$$(sha1sum $(LIB) | cut -c1-16)" CGO_LDFLAGS="$(TORCH_LDFLAGS)"
 
 # Pure-Go packages: they build and test without cgo or libtorch.
-PURE_PKGS := $(foreach d,internal/hfmodel internal/atomicfile internal/inputfile internal/runlock internal/docgen internal/httpretry internal/diskcache config internal/generate internal/tokenizer data llmpool internal/outcomes router calibration internal/plot internal/procgroup serve embed,$(if $(wildcard $(d)),./$(d)/...)) ./baselines
+PURE_PKGS := $(foreach d,internal/hfmodel internal/atomicfile internal/inputfile internal/runlock internal/docgen internal/httpretry internal/diskcache config internal/generate internal/tokenizer data llmpool internal/outcomes router calibration internal/plot internal/procgroup serve eval/embed,$(if $(wildcard $(d)),./$(d)/...)) ./eval/baselines
 
 .PHONY: all build lib deps test test-kernels test-pure fuzz bench train clean fixtures e2e-serve docs
 
@@ -135,11 +135,11 @@ build: lib
 
 # test: vet, every test, then the race detector over the pure-Go packages,
 # where the concurrency lives (pool fan-out, rollout scheduler, server; about
-# 2 minutes on 2 cores). baselines is left out of the race run: its fitting
+# 2 minutes on 2 cores). eval/baselines is left out of the race run: its fitting
 # starts no goroutine, and its learning tests take many minutes under -race.
 # Last, every command README.md shows runs as shown, against a short
 # stand-in run (scripts/readme-check.sh, under a minute).
-RACE_PKGS := $(filter-out ./baselines,$(PURE_PKGS))
+RACE_PKGS := $(filter-out ./eval/baselines,$(PURE_PKGS))
 test: lib
 	CGO_ENABLED=0 $(GO) vet $(PURE_PKGS)
 	CGO_ENABLED=0 $(GO) build $(PURE_PKGS)

@@ -6,9 +6,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/recal-project/recal/baselines"
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/eval"
+	"github.com/recal-project/recal/eval/baselines"
 	"github.com/recal-project/recal/internal/rollout"
 )
 

@@ -7,10 +7,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/recal-project/recal/baselines"
 	"github.com/recal-project/recal/config"
-	"github.com/recal-project/recal/embed"
 	"github.com/recal-project/recal/eval"
+	"github.com/recal-project/recal/eval/baselines"
+	"github.com/recal-project/recal/eval/embed"
 	"github.com/recal-project/recal/internal/rollout"
 )
 

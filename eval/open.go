@@ -7,7 +7,7 @@ import (
 
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
-	"github.com/recal-project/recal/embed"
+	"github.com/recal-project/recal/eval/embed"
 	"github.com/recal-project/recal/internal/rollout"
 )
 

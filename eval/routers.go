@@ -17,7 +17,7 @@ import (
 	"strings"
 
 	"github.com/recal-project/recal/data"
-	"github.com/recal-project/recal/embed"
+	"github.com/recal-project/recal/eval/embed"
 	"github.com/recal-project/recal/internal/inputfile"
 	"github.com/recal-project/recal/internal/procgroup"
 	"github.com/recal-project/recal/internal/rollout"

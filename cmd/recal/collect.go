@@ -9,8 +9,8 @@ import (
 
 	"github.com/urfave/cli/v3"
 
-	"github.com/recal-project/recal/baselines"
 	"github.com/recal-project/recal/eval"
+	"github.com/recal-project/recal/eval/baselines"
 	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/llmpool"
 )

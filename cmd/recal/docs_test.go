@@ -150,9 +150,9 @@ func outputsReference() docgen.OutputsPage {
 					{Path: "RUN_DIR/ablation.json", About: "The table: per variant the mean and sample standard deviation over seeds of each column, and every seed's value. `ablation.csv` has a line per (variant, column) with every seed's value; `ablation.md` is the printed table; `ablation_reward.png` and `.svg` the answer reward per variant.", Pkg: "experiments/ablate", Type: "Table"},
 				}},
 			{Title: "Fitted baseline routers (recal collect, recal fit)", Files: []docgen.OutputFile{
-				{Path: "OUT/outcomes.jsonl", About: "`recal collect --out OUT`: one line per (training question, pool model) asked directly.", Pkg: "baselines", Type: "Outcome"},
-				{Path: "OUT/pool.json", About: "The pool the outcomes come from (a folder of another pool is refused).", Pkg: "baselines", Type: "PoolInfo"},
-				{Path: "ROUTERS/NAME/manifest.json", About: "`recal fit --router-dir ROUTERS`: what a fitted router is, beside its `weights.safetensors` and `embedding-state.json`. The same seed writes the same bytes.", Pkg: "baselines", Type: "Manifest"},
+				{Path: "OUT/outcomes.jsonl", About: "`recal collect --out OUT`: one line per (training question, pool model) asked directly.", Pkg: "eval/baselines", Type: "Outcome"},
+				{Path: "OUT/pool.json", About: "The pool the outcomes come from (a folder of another pool is refused).", Pkg: "eval/baselines", Type: "PoolInfo"},
+				{Path: "ROUTERS/NAME/manifest.json", About: "`recal fit --router-dir ROUTERS`: what a fitted router is, beside its `weights.safetensors` and `embedding-state.json`. The same seed writes the same bytes.", Pkg: "eval/baselines", Type: "Manifest"},
 			}},
 			{Title: "SFT-direct (recal train-sft-direct)", Files: []docgen.OutputFile{
 				{Path: "OUT/sft-direct.json", About: "In the Hugging Face folder `recal train-sft-direct --out OUT` writes: what decides the checkpoint, so that it is reused only for the same inputs.", Pkg: "experiments/sftdirect", Type: "Spec"},

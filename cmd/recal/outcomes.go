@@ -10,7 +10,7 @@ import (
 
 	"github.com/urfave/cli/v3"
 
-	"github.com/recal-project/recal/baselines"
+	"github.com/recal-project/recal/eval/baselines"
 	"github.com/recal-project/recal/internal/atomicfile"
 	"github.com/recal-project/recal/internal/leakage"
 	"github.com/recal-project/recal/internal/outcomes"

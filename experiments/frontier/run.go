@@ -11,11 +11,11 @@ import (
 	"slices"
 	"strconv"
 
-	"github.com/recal-project/recal/baselines"
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
-	"github.com/recal-project/recal/embed"
 	"github.com/recal-project/recal/eval"
+	"github.com/recal-project/recal/eval/baselines"
+	"github.com/recal-project/recal/eval/embed"
 	"github.com/recal-project/recal/experiments/table1"
 	"github.com/recal-project/recal/internal/rollout"
 )

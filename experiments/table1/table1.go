@@ -14,11 +14,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/recal-project/recal/baselines"
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
-	"github.com/recal-project/recal/embed"
 	"github.com/recal-project/recal/eval"
+	"github.com/recal-project/recal/eval/baselines"
+	"github.com/recal-project/recal/eval/embed"
 	"github.com/recal-project/recal/experiments/sftdirect"
 	"github.com/recal-project/recal/internal/atomicfile"
 	"github.com/recal-project/recal/internal/rollout"

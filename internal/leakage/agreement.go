@@ -5,7 +5,7 @@ import (
 	"io"
 	"strings"
 
-	"github.com/recal-project/recal/baselines"
+	"github.com/recal-project/recal/eval/baselines"
 	"github.com/recal-project/recal/internal/outcomes"
 	"github.com/recal-project/recal/llmpool"
 )

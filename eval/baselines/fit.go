@@ -7,7 +7,7 @@ import (
 	"hash/fnv"
 	"math/rand/v2"
 
-	"github.com/recal-project/recal/embed"
+	"github.com/recal-project/recal/eval/embed"
 )
 
 // fitData is what a variant is fitted on.

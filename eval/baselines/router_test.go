@@ -12,7 +12,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/recal-project/recal/embed"
+	"github.com/recal-project/recal/eval/embed"
 )
 
 // topics decide the best model of a synthetic question: a question about

@@ -13,7 +13,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/recal-project/recal/embed"
+	"github.com/recal-project/recal/eval/embed"
 	"github.com/recal-project/recal/internal/atomicfile"
 	"github.com/recal-project/recal/internal/hfmodel"
 )

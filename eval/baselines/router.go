@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/recal-project/recal/embed"
+	"github.com/recal-project/recal/eval/embed"
 )
 
 var (
