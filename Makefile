@@ -95,7 +95,7 @@ INIT := runs/init/tiny/model.safetensors
 GOENV = CGO_CFLAGS="-O2 -DRECAL_LIB=$$(sha1sum $(LIB) | cut -c1-16)" CGO_LDFLAGS="$(TORCH_LDFLAGS)"
 
 # Pure-Go packages: they build and test without cgo or libtorch.
-PURE_PKGS := $(foreach d,internal/hfmodel internal/atomicfile internal/inputfile internal/runlock internal/docgen internal/httpretry internal/diskcache config internal/generate internal/tokenizer data llmpool internal/outcomes router calibration internal/plot internal/procgroup serve eval/embed,$(if $(wildcard $(d)),./$(d)/...)) ./eval/baselines
+PURE_PKGS := $(foreach d,internal/hfmodel internal/atomicfile internal/inputfile internal/runlock internal/docgen internal/layers internal/httpretry internal/diskcache config internal/generate internal/tokenizer data llmpool internal/outcomes router calibration internal/plot internal/procgroup serve eval/embed,$(if $(wildcard $(d)),./$(d)/...)) ./eval/baselines
 
 .PHONY: all build lib deps test test-kernels test-pure fuzz bench train clean fixtures e2e-serve docs
 
