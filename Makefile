@@ -75,9 +75,10 @@ CXX_STD ?= c++17
 # -ffp-contract=off: a*b+c stays two roundings unless the code asks for a
 # fused multiply-add (recal_rows.cc's arithmetic is fixed by its source).
 CXXFLAGS_BRIDGE := -std=$(CXX_STD) -O2 -fPIC -ffp-contract=off -Wall -Wno-unused-variable -D_GLIBCXX_USE_CXX11_ABI=$(TORCH_CXX11_ABI) $(TORCH_INC)
-# CUDA builds: the model's file gets RECAL_CUDA (CUDA-graph decoding, the
-# allocator's counters) when libtorch has CUDA and CUDA's headers are found
-# (the toolkit's include/ on the default path or in CUDA_INC, as for NCCL).
+# CUDA builds: the model's and decoding's files get RECAL_CUDA (the
+# allocator's counters, CUDA-graph decoding) when libtorch has CUDA and
+# CUDA's headers are found (the toolkit's include/ on the default path or in
+# CUDA_INC, as for NCCL).
 CUDA_DEFS :=
 ifneq ($(strip $(LIBTORCH)),)
 ifneq ($(wildcard $(LIBTORCH)/lib/libtorch_cuda.so),)
@@ -105,10 +106,11 @@ all: build
 deps:
 	@./scripts/deps.sh
 
-# The bridge's C++, one object per concern: the model and KV cache, the
-# row-invariant decoding kernels, training (loss, backward, optimizer), the
-# checkpoint tensors, and the distributed collectives.
-BRIDGE_OBJS := $(addprefix build/,recal_model.o recal_rows.o recal_train.o recal_params.o recal_dist.o)
+# The bridge's C++, one object per concern: the model (layout, forward
+# pass), the KV cache and decoding, the row-invariant decoding kernels,
+# training (loss, backward, optimizer), the checkpoint tensors, and the
+# distributed collectives.
+BRIDGE_OBJS := $(addprefix build/,recal_model.o recal_decode.o recal_rows.o recal_train.o recal_params.o recal_dist.o)
 
 $(LIB): $(BRIDGE_OBJS)
 	rm -f $@
@@ -118,7 +120,7 @@ build/%.o: cgo/%.cc cgo/recal.h cgo/recal_internal.h
 	@mkdir -p build
 	$(CXX) $(CXXFLAGS_BRIDGE) -c $< -o $@
 
-build/recal_model.o: cgo/recal_model.cc cgo/recal.h cgo/recal_internal.h
+build/recal_model.o build/recal_decode.o: build/%.o: cgo/%.cc cgo/recal.h cgo/recal_internal.h
 	@mkdir -p build
 	$(CXX) $(CXXFLAGS_BRIDGE) $(CUDA_DEFS) -c $< -o $@
 
