@@ -75,9 +75,10 @@ CXX_STD ?= c++17
 # -ffp-contract=off: a*b+c stays two roundings unless the code asks for a
 # fused multiply-add (recal_rows.cc's arithmetic is fixed by its source).
 CXXFLAGS_BRIDGE := -std=$(CXX_STD) -O2 -fPIC -ffp-contract=off -Wall -Wno-unused-variable -D_GLIBCXX_USE_CXX11_ABI=$(TORCH_CXX11_ABI) $(TORCH_INC)
-# CUDA builds: the model's file gets RECAL_CUDA (CUDA-graph decoding, the
-# allocator's counters) when libtorch has CUDA and CUDA's headers are found
-# (the toolkit's include/ on the default path or in CUDA_INC, as for NCCL).
+# CUDA builds: the model's and decoding's files get RECAL_CUDA (the
+# allocator's counters, CUDA-graph decoding) when libtorch has CUDA and
+# CUDA's headers are found (the toolkit's include/ on the default path or in
+# CUDA_INC, as for NCCL).
 CUDA_DEFS :=
 ifneq ($(strip $(LIBTORCH)),)
 ifneq ($(wildcard $(LIBTORCH)/lib/libtorch_cuda.so),)
@@ -95,7 +96,7 @@ INIT := runs/init/tiny/model.safetensors
 GOENV = CGO_CFLAGS="-O2 -DRECAL_LIB=$$(sha1sum $(LIB) | cut -c1-16)" CGO_LDFLAGS="$(TORCH_LDFLAGS)"
 
 # Pure-Go packages: they build and test without cgo or libtorch.
-PURE_PKGS := $(foreach d,internal/hfmodel internal/atomicfile internal/inputfile internal/runlock internal/docgen internal/httpretry internal/diskcache config generate tokenizer data llmpool outcomes router calibration plot dist serve embed,$(if $(wildcard $(d)),./$(d)/...)) ./baselines
+PURE_PKGS := $(foreach d,internal/hfmodel internal/atomicfile internal/inputfile internal/runlock internal/docgen internal/layers internal/httpretry internal/diskcache config internal/generate internal/tokenizer data llmpool internal/outcomes router calibration internal/plot internal/procgroup serve eval/embed,$(if $(wildcard $(d)),./$(d)/...)) ./eval/baselines
 
 .PHONY: all build lib deps test test-kernels test-pure fuzz bench train clean fixtures e2e-serve docs
 
@@ -105,10 +106,11 @@ all: build
 deps:
 	@./scripts/deps.sh
 
-# The bridge's C++, one object per concern: the model and KV cache, the
-# row-invariant decoding kernels, training (loss, backward, optimizer), the
-# checkpoint tensors, and the distributed collectives.
-BRIDGE_OBJS := $(addprefix build/,recal_model.o recal_rows.o recal_train.o recal_params.o recal_dist.o)
+# The bridge's C++, one object per concern: the model (layout, forward
+# pass), the KV cache and decoding, the row-invariant decoding kernels,
+# training (loss, backward, optimizer), the checkpoint tensors, and the
+# distributed collectives.
+BRIDGE_OBJS := $(addprefix build/,recal_model.o recal_decode.o recal_rows.o recal_train.o recal_params.o recal_dist.o)
 
 $(LIB): $(BRIDGE_OBJS)
 	rm -f $@
@@ -118,7 +120,7 @@ build/%.o: cgo/%.cc cgo/recal.h cgo/recal_internal.h
 	@mkdir -p build
 	$(CXX) $(CXXFLAGS_BRIDGE) -c $< -o $@
 
-build/recal_model.o: cgo/recal_model.cc cgo/recal.h cgo/recal_internal.h
+build/recal_model.o build/recal_decode.o: build/%.o: cgo/%.cc cgo/recal.h cgo/recal_internal.h
 	@mkdir -p build
 	$(CXX) $(CXXFLAGS_BRIDGE) $(CUDA_DEFS) -c $< -o $@
 
@@ -135,11 +137,11 @@ build: lib
 
 # test: vet, every test, then the race detector over the pure-Go packages,
 # where the concurrency lives (pool fan-out, rollout scheduler, server; about
-# 2 minutes on 2 cores). baselines is left out of the race run: its fitting
+# 2 minutes on 2 cores). eval/baselines is left out of the race run: its fitting
 # starts no goroutine, and its learning tests take many minutes under -race.
 # Last, every command README.md shows runs as shown, against a short
 # stand-in run (scripts/readme-check.sh, under a minute).
-RACE_PKGS := $(filter-out ./baselines,$(PURE_PKGS))
+RACE_PKGS := $(filter-out ./eval/baselines,$(PURE_PKGS))
 test: lib
 	CGO_ENABLED=0 $(GO) vet $(PURE_PKGS)
 	CGO_ENABLED=0 $(GO) build $(PURE_PKGS)
@@ -211,7 +213,7 @@ e2e-serve: lib
 # the minutes this run has. It is made again when what it is trimmed to
 # changes (recal.toml: the pool's names and descriptions; comments do not
 # count) or when the code that writes it changes.
-$(INIT): Makefile recal.toml $(wildcard router/*.tmpl internal/hfmodel/*.go internal/atomicfile/*.go tokenizer/*.go policyinit/*.go) router/protocol.go | build
+$(INIT): Makefile recal.toml $(wildcard router/*.tmpl internal/hfmodel/*.go internal/atomicfile/*.go internal/tokenizer/*.go internal/policyinit/*.go) router/protocol.go | build
 	./bin/recal policy init --preset tiny --tokenizer tokenizer/qwen2.5 --out runs/init/tiny --seed 0 \
 		--trim-corpus data/qa --trim-corpus router --trim-corpus recal.toml --trim-vocab 4000 --copy-circuit
 

@@ -1,8 +1,8 @@
 // recal_internal.h — definitions shared by the bridge's C++ files
-// (recal_model.cc, recal_rows.cc, recal_train.cc, recal_params.cc,
-// recal_dist.cc); not part of the C ABI. It holds the policy's layout, so
-// that the distributed operations can reach its gradients, and the error
-// convention of every extern "C" entry point.
+// (recal_model.cc, recal_decode.cc, recal_rows.cc, recal_train.cc,
+// recal_params.cc, recal_dist.cc); not part of the C ABI. It holds the
+// policy's layout, so that the distributed operations can reach its
+// gradients, and the error convention of every extern "C" entry point.
 #ifndef RECAL_INTERNAL_H
 #define RECAL_INTERNAL_H
 
@@ -10,6 +10,13 @@
 
 #include <torch/types.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/version.h>
+
+#if defined(RECAL_CUDA) && TORCH_VERSION_MAJOR >= 2
+// libtorch's fused attention (flash, memory-efficient), used on GPUs by the
+// model's and the decoding's files (the Makefile gives both RECAL_CUDA).
+#define RECAL_SDPA 1
+#endif
 
 #include <malloc.h>
 #include <sys/mman.h>
@@ -102,7 +109,7 @@ struct rc_policy {
   // Activation checkpointing per decoder layer in the forward passes that
   // backpropagate (rc_policy_set_checkpointing).
   bool checkpoint_layers = false;
-  // CUDA-graph decoding (rc_policy_set_cuda_graphs; recal_model.cc): on
+  // CUDA-graph decoding (rc_policy_set_cuda_graphs; recal_decode.cc): on
   // unless turned off or a capture failed (graph_error says why).
   bool cuda_graphs = true;
   // RC_KERNEL_* flags (rc_policy_set_kernels).
@@ -430,7 +437,7 @@ struct rc_policy {
 };
 
 namespace recal {
-// A KV cache's captured CUDA-graph decode steps (recal_model.cc).
+// A KV cache's captured CUDA-graph decode steps (recal_decode.cc).
 struct DecodeGraphs;
 void free_graphs(DecodeGraphs* g);
 struct GraphsDeleter {
@@ -470,6 +477,27 @@ inline float row_uniform(uint64_t seed, uint64_t global_row, int64_t len) {
   uint64_t z = splitmix64(seed ^ splitmix64(global_row * 0x9E3779B97F4A7C15ULL + (uint64_t)len));
   return (float)((double)(z >> 11) * (1.0 / 9007199254740992.0));
 }
+
+// The pieces of a decoder layer (recal_model.cc), shared by the full
+// forward pass and decoding (recal_decode.cc).
+// RMSNorm of x [..., H] by weight w, computed in float32.
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps);
+// cos and sin for integer positions pos (any shape), shape pos.shape + [head_dim].
+std::pair<torch::Tensor, torch::Tensor> rope(const rc_policy& p, const torch::Tensor& pos);
+// Projects h [n, L, H] to rotated q [n, L, heads, hd] and k, v [n, L, kv, hd].
+void qkv(const rc_policy& p, const Layer& ly, const torch::Tensor& h, const torch::Tensor& cos,
+         const torch::Tensor& sin, torch::Tensor& q, torch::Tensor& k, torch::Tensor& v);
+// Grouped-query attention of q [n, L, heads, hd] over k, v [n, T, kv, hd]
+// under an additive mask (undefined: see recal_model.cc); [n, L, heads*hd].
+torch::Tensor attend(const rc_policy& p, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                     const torch::Tensor& mask);
+// The gated MLP of layer ly on h [n, L, H].
+torch::Tensor mlp(const rc_policy& p, const Layer& ly, const torch::Tensor& h);
+#ifdef RECAL_SDPA
+// Whether attention over L > 1 queries on a GPU runs by matrix products
+// rather than the fused kernel (RC_KERNEL_F32_PREFILL_MATMUL).
+bool prefill_by_matmul(const rc_policy& p, int64_t L);
+#endif
 
 // Shared by the bridge's files (recal_model.cc defines the first six,
 // recal_train.cc the rest).

@@ -18,10 +18,10 @@ import (
 
 	"github.com/BurntSushi/toml"
 
-	"github.com/recal-project/recal/baselines"
 	"github.com/recal-project/recal/calibration"
 	"github.com/recal-project/recal/data"
-	"github.com/recal-project/recal/embed"
+	"github.com/recal-project/recal/eval/baselines"
+	"github.com/recal-project/recal/eval/embed"
 	"github.com/recal-project/recal/internal/inputfile"
 	"github.com/recal-project/recal/llmpool"
 	"github.com/recal-project/recal/router"

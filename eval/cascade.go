@@ -5,10 +5,10 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/recal-project/recal/baselines"
 	"github.com/recal-project/recal/data"
+	"github.com/recal-project/recal/eval/baselines"
+	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/llmpool"
-	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/router"
 )
 

@@ -6,10 +6,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/recal-project/recal/baselines"
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/eval"
-	"github.com/recal-project/recal/rollout"
+	"github.com/recal-project/recal/eval/baselines"
+	"github.com/recal-project/recal/internal/rollout"
 )
 
 // collectOutcomes writes the outcome matrix of the fixture's pool on a few

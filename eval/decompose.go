@@ -7,8 +7,8 @@ import (
 	"strings"
 
 	"github.com/recal-project/recal/data"
+	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/llmpool"
-	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/router"
 )
 

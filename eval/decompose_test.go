@@ -16,8 +16,8 @@ import (
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/eval"
+	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/llmpool"
-	"github.com/recal-project/recal/rollout"
 )
 
 func TestSubQuestions(t *testing.T) {

@@ -7,10 +7,10 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/recal-project/recal/baselines"
 	"github.com/recal-project/recal/data"
-	"github.com/recal-project/recal/embed"
-	"github.com/recal-project/recal/rollout"
+	"github.com/recal-project/recal/eval/baselines"
+	"github.com/recal-project/recal/eval/embed"
+	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/router"
 )
 

@@ -7,11 +7,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/recal-project/recal/baselines"
 	"github.com/recal-project/recal/config"
-	"github.com/recal-project/recal/embed"
 	"github.com/recal-project/recal/eval"
-	"github.com/recal-project/recal/rollout"
+	"github.com/recal-project/recal/eval/baselines"
+	"github.com/recal-project/recal/eval/embed"
+	"github.com/recal-project/recal/internal/rollout"
 )
 
 // fitRouters collects the outcomes of the fixture's pool on a few training

@@ -14,9 +14,9 @@ import (
 	"strings"
 
 	"github.com/recal-project/recal/data"
-	"github.com/recal-project/recal/dist"
 	"github.com/recal-project/recal/internal/atomicfile"
-	"github.com/recal-project/recal/rollout"
+	"github.com/recal-project/recal/internal/procgroup"
+	"github.com/recal-project/recal/internal/rollout"
 )
 
 // Row is one router's line of the table, or one reference row's
@@ -119,7 +119,7 @@ func answerFile(ctx context.Context, s Setup, qs []data.Example, name string, r 
 	}
 	g := s.Group
 	if g == nil {
-		g = dist.Single()
+		g = procgroup.Single()
 	}
 	// Rank 0 alone takes, reads and appends to the results file; every
 	// rank answers its share of what is left (shard.go).

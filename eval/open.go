@@ -7,8 +7,8 @@ import (
 
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
-	"github.com/recal-project/recal/embed"
-	"github.com/recal-project/recal/rollout"
+	"github.com/recal-project/recal/eval/embed"
+	"github.com/recal-project/recal/internal/rollout"
 )
 
 // Open opens checkpoint ck (on policy.device, in policy.dtype) in cfg's

@@ -7,7 +7,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/recal-project/recal/rollout"
+	"github.com/recal-project/recal/internal/rollout"
 )
 
 // The ReCal paper's Table 1 (EM; its appendix repeats it in F1): every

@@ -11,8 +11,8 @@ import (
 	"regexp"
 
 	"github.com/recal-project/recal/data"
+	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/llmpool"
-	"github.com/recal-project/recal/rollout"
 )
 
 // The reference rows of a table are not routers: they say what the pool

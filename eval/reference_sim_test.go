@@ -12,7 +12,7 @@ import (
 
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/eval"
-	"github.com/recal-project/recal/rollout"
+	"github.com/recal-project/recal/internal/rollout"
 )
 
 // On the offline default's simulated pool (no policy needed), the

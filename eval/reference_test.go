@@ -4,8 +4,8 @@ import (
 	"math"
 	"testing"
 
+	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/llmpool"
-	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/router"
 )
 

@@ -17,11 +17,11 @@ import (
 	"strings"
 
 	"github.com/recal-project/recal/data"
-	"github.com/recal-project/recal/dist"
-	"github.com/recal-project/recal/embed"
+	"github.com/recal-project/recal/eval/embed"
 	"github.com/recal-project/recal/internal/inputfile"
+	"github.com/recal-project/recal/internal/procgroup"
+	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/llmpool"
-	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/router"
 )
 
@@ -68,7 +68,7 @@ type Setup struct {
 	// Group is the data-parallel process group (nil: one process): Run
 	// shares each router's questions among its ranks, and rank 0 alone
 	// writes the results and returns the table (shard.go).
-	Group dist.Group
+	Group procgroup.Group
 }
 
 // Spec is a registered router.

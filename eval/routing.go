@@ -10,8 +10,8 @@ import (
 	"strings"
 
 	"github.com/recal-project/recal/data"
+	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/llmpool"
-	"github.com/recal-project/recal/rollout"
 )
 
 // Routing says where a router's calls went: the signs of routing collapse

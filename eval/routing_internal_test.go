@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"github.com/recal-project/recal/data"
+	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/llmpool"
-	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/router"
 )
 

@@ -6,8 +6,8 @@ import (
 	"fmt"
 
 	"github.com/recal-project/recal/data"
-	"github.com/recal-project/recal/dist"
-	"github.com/recal-project/recal/rollout"
+	"github.com/recal-project/recal/internal/procgroup"
+	"github.com/recal-project/recal/internal/rollout"
 )
 
 // Data-parallel evaluation (Setup.Group): rank 0 alone reads and writes the
@@ -20,7 +20,7 @@ import (
 // sharedTodo has rank 0 run claim (take the results file, read it, say
 // what is left) and tells every rank what it found: the questions left, in
 // qs's order, or claim's error, returned on every rank.
-func sharedTodo(ctx context.Context, g dist.Group, qs []data.Example, claim func() ([]data.Example, error)) ([]data.Example, error) {
+func sharedTodo(ctx context.Context, g procgroup.Group, qs []data.Example, claim func() ([]data.Example, error)) ([]data.Example, error) {
 	if g.Size() == 1 {
 		return claim()
 	}
@@ -38,7 +38,7 @@ func sharedTodo(ctx context.Context, g dist.Group, qs []data.Example, claim func
 			f.Todo = append(f.Todo, q.ID)
 		}
 	}
-	f, err := dist.BroadcastOf(ctx, g, f, 0)
+	f, err := procgroup.BroadcastOf(ctx, g, f, 0)
 	if err != nil {
 		return nil, fmt.Errorf("eval: %w", err)
 	}
@@ -63,7 +63,7 @@ func sharedTodo(ctx context.Context, g dist.Group, qs []data.Example, claim func
 // answerShared answers todo with r over the ranks of g, round by round, and
 // passes each round's answers, in todo's order, to write (on rank 0 only).
 // An error on any rank stops every rank.
-func answerShared(ctx context.Context, g dist.Group, r Router, name string, todo []data.Example, batch int,
+func answerShared(ctx context.Context, g procgroup.Group, r Router, name string, todo []data.Example, batch int,
 	write func([]rollout.QuestionResult) error) error {
 	round := batch * g.Size()
 	for lo := 0; lo < len(todo); lo += round {
@@ -90,7 +90,7 @@ func answerShared(ctx context.Context, g dist.Group, r Router, name string, todo
 			}
 			mine.Results = res
 		}
-		all, err := dist.AllGatherOf(context.WithoutCancel(ctx), g, mine)
+		all, err := procgroup.AllGatherOf(context.WithoutCancel(ctx), g, mine)
 		if err != nil {
 			return fmt.Errorf("eval: router %s: %w", name, err)
 		}

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/recal-project/recal/data"
-	"github.com/recal-project/recal/outcomes"
+	"github.com/recal-project/recal/internal/outcomes"
 )
 
 // Render modes of replay.render.

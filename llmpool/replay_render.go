@@ -10,7 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/recal-project/recal/data"
-	"github.com/recal-project/recal/outcomes"
+	"github.com/recal-project/recal/internal/outcomes"
 )
 
 // A replayed reply rendered from a judgment must tell the policy no more

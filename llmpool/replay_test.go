@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/recal-project/recal/data"
-	"github.com/recal-project/recal/outcomes"
+	"github.com/recal-project/recal/internal/outcomes"
 )
 
 // replayLog is a small outcome log: two questions, two models (one with

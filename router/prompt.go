@@ -6,8 +6,8 @@ import (
 	"text/template"
 
 	"github.com/recal-project/recal/internal/inputfile"
+	"github.com/recal-project/recal/internal/tokenizer"
 	"github.com/recal-project/recal/llmpool"
-	"github.com/recal-project/recal/tokenizer"
 )
 
 // Prompt renders the routing prompt from a template file and wraps it as the

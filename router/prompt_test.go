@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/recal-project/recal/internal/tokenizer"
 	"github.com/recal-project/recal/llmpool"
-	"github.com/recal-project/recal/tokenizer"
 )
 
 // addedIn returns the added-token ids (special or not) in ids, in order.

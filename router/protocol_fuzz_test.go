@@ -7,7 +7,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"github.com/recal-project/recal/tokenizer"
+	"github.com/recal-project/recal/internal/tokenizer"
 )
 
 // protocolTags are every tag of the protocol.

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/recal-project/recal/generate"
+	"github.com/recal-project/recal/internal/generate"
 	"github.com/recal-project/recal/llmpool"
 )
 

@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/recal-project/recal/data"
-	"github.com/recal-project/recal/generate"
+	"github.com/recal-project/recal/internal/generate"
+	"github.com/recal-project/recal/internal/tokenizer"
 	"github.com/recal-project/recal/llmpool"
-	"github.com/recal-project/recal/tokenizer"
 )
 
 // forced is a Decoder that writes scripted turns: a feed of several tokens

@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/recal-project/recal/generate"
+	"github.com/recal-project/recal/internal/generate"
 	"github.com/recal-project/recal/llmpool"
 )
 

@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/recal-project/recal/generate"
+	"github.com/recal-project/recal/internal/generate"
+	"github.com/recal-project/recal/internal/tokenizer"
 	"github.com/recal-project/recal/llmpool"
-	"github.com/recal-project/recal/tokenizer"
 )
 
 // promptBase is where the scripted decoder's prompt ids start: prompt k is

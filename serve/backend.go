@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 
-	"github.com/recal-project/recal/generate"
+	"github.com/recal-project/recal/internal/generate"
 	"github.com/recal-project/recal/router"
 )
 

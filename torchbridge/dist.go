@@ -62,8 +62,8 @@ const DefaultTimeout = 300 * time.Second
 // ProcessGroup is this process's membership in a group of data-parallel
 // ranks on libtorch's c10d (cgo/recal_dist.cc): a TCPStore rendezvous that
 // rank 0 (or the launcher, GroupOptions.StorePrefix) serves, then a ProcessGroupGloo (and a ProcessGroupNCCL for GPU
-// gradients in CUDA builds). It implements dist.Group and, with a policy
-// bound, dist.GradReducer.
+// gradients in CUDA builds). It implements procgroup.Group and, with a policy
+// bound, procgroup.GradReducer.
 //
 // Every rank must call the same collectives in the same order. Calls on one
 // group are serialised by a mutex, so concurrent callers cannot interleave

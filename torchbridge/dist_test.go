@@ -18,12 +18,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/recal-project/recal/dist"
+	"github.com/recal-project/recal/internal/procgroup"
 	"github.com/recal-project/recal/internal/testing/ranktest"
 	"github.com/recal-project/recal/torchbridge"
 )
 
-var _ dist.Group = (*torchbridge.ProcessGroup)(nil)
+var _ procgroup.Group = (*torchbridge.ProcessGroup)(nil)
 
 // The multi-rank tests re-run this test binary as one process per rank, each
 // running only TestDistHelper with the launch in torchrun's variables and
@@ -217,7 +217,7 @@ func TestDistHelper(t *testing.T) {
 	if err := torchbridge.SetThreads(threads); err != nil {
 		t.Fatal(err)
 	}
-	l, err := dist.FromEnv()
+	l, err := procgroup.FromEnv()
 	if err != nil {
 		t.Fatal(err)
 	}

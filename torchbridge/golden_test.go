@@ -12,7 +12,7 @@ import (
 	"testing"
 
 	"github.com/recal-project/recal/internal/hfmodel"
-	"github.com/recal-project/recal/tokenizer"
+	"github.com/recal-project/recal/internal/tokenizer"
 	"github.com/recal-project/recal/torchbridge"
 )
 

@@ -11,8 +11,8 @@ import (
 
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
+	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/internal/testing/testpolicy"
-	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/router"
 	"github.com/recal-project/recal/torchbridge"
 )

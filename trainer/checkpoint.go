@@ -16,7 +16,7 @@ import (
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/internal/atomicfile"
 	"github.com/recal-project/recal/internal/hfmodel"
-	"github.com/recal-project/recal/rollout"
+	"github.com/recal-project/recal/internal/rollout"
 )
 
 // Checkpoints. A run's checkpoints/ folder holds

@@ -14,9 +14,9 @@ import (
 
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
-	"github.com/recal-project/recal/dist"
+	"github.com/recal-project/recal/internal/procgroup"
+	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/llmpool"
-	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/router"
 	"github.com/recal-project/recal/torchbridge"
 )
@@ -45,8 +45,8 @@ import (
 // ranks is the training loop's view of its process group: the collectives
 // on the records of a step and the gradient reducer bound to the policy.
 type ranks struct {
-	dist.Group
-	grads dist.GradReducer
+	procgroup.Group
+	grads procgroup.GradReducer
 	// shard, when not nil, shards the policy's optimizer state over the
 	// ranks (dist.shard_optimizer, ZeRO-1).
 	shard *sharding
@@ -127,17 +127,17 @@ type policyReducer interface {
 // ranks and can shard) and with grads its gradient sums' too
 // (dist.shard_gradients: ZeRO-2); g nil is one process. A watched group's
 // collectives run under its watchdog.
-func newRanks(g dist.Group, p *torchbridge.Policy, shard, grads bool) (ranks, error) {
+func newRanks(g procgroup.Group, p *torchbridge.Policy, shard, grads bool) (ranks, error) {
 	if g == nil {
-		g = dist.Single()
+		g = procgroup.Single()
 	}
 	inner, guard := g, func(_ string, fn func() error) error { return fn() }
-	if w, ok := g.(*dist.Watched); ok {
+	if w, ok := g.(*procgroup.Watched); ok {
 		inner, guard = w.Unwrap(), w.Guard
 	}
 	switch gr := inner.(type) {
 	case policyReducer:
-		r := ranks{Group: g, grads: dist.GradReducerFunc(func(ctx context.Context) error {
+		r := ranks{Group: g, grads: procgroup.GradReducerFunc(func(ctx context.Context) error {
 			return guard("all-reduce of the gradients", func() error { return gr.AllReduceGrads(ctx, p) })
 		}), prepare: p.PrepareUpdate}
 		if up, ok := inner.(updatePreparer); ok && g.Size() > 1 {
@@ -150,7 +150,7 @@ func newRanks(g dist.Group, p *torchbridge.Policy, shard, grads bool) (ranks, er
 			}
 		}
 		return r, nil
-	case dist.GradReducer:
+	case procgroup.GradReducer:
 		return ranks{Group: g, grads: gr, prepare: p.PrepareUpdate}, nil
 	}
 	return ranks{}, fmt.Errorf("trainer: process group %T cannot sum the policy's gradients", g)
@@ -240,8 +240,8 @@ func (r ranks) barrier(ctx context.Context) error {
 
 // allGather returns every rank's v, in rank order (dist.AllGatherOf);
 // what names v in errors.
-func allGather[T any](ctx context.Context, g dist.Group, what string, v T) ([]T, error) {
-	parts, err := dist.AllGatherOf(ctx, g, v)
+func allGather[T any](ctx context.Context, g procgroup.Group, what string, v T) ([]T, error) {
+	parts, err := procgroup.AllGatherOf(ctx, g, v)
 	if err != nil {
 		return nil, fmt.Errorf("trainer: all-gather of the %s: %w", what, err)
 	}
@@ -459,7 +459,7 @@ func LocalWorldSize() int {
 // its own GPU (the launcher gives every rank all of its node's GPUs).
 // With several ranks an explicit "cuda:N" is refused: it would put every
 // rank of a node on the same GPU. Any other setting is kept.
-func RankDevice(device string, launch dist.Launch) (string, error) {
+func RankDevice(device string, launch procgroup.Launch) (string, error) {
 	if !launch.Distributed() || !isCUDA(device) {
 		return device, nil
 	}
@@ -488,7 +488,7 @@ func groupBackend(backend, device string) string {
 // JoinGroup joins the process group of a launch (nil, nil for one
 // process), with the [dist] settings: the gradient all-reduce on NCCL when
 // dist.backend is "nccl", or "auto" with the policy on a CUDA device.
-func JoinGroup(ctx context.Context, launch dist.Launch, dc config.Dist, device string) (dist.Group, error) {
+func JoinGroup(ctx context.Context, launch procgroup.Launch, dc config.Dist, device string) (procgroup.Group, error) {
 	if !launch.Distributed() {
 		return nil, nil
 	}
@@ -502,7 +502,7 @@ func JoinGroup(ctx context.Context, launch dist.Launch, dc config.Dist, device s
 	}
 	slog.Debug("joined the process group", "rank", launch.Rank, "world_size", launch.WorldSize, "backend", backend, "took", time.Since(t0).Round(time.Millisecond).String())
 	// The watchdog names the rank a failed collective lost.
-	w, err := dist.Watch(ctx, pg, launch.MasterAddr, dist.WatchOptions{})
+	w, err := procgroup.Watch(ctx, pg, launch.MasterAddr, procgroup.WatchOptions{})
 	if err != nil {
 		pg.Close()
 		return nil, err

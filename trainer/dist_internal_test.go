@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/recal-project/recal/dist"
+	"github.com/recal-project/recal/internal/procgroup"
 )
 
 // The mini-batches of a step: response-major cuts, each in global row
@@ -82,18 +82,18 @@ func TestMiniBatches(t *testing.T) {
 // GPU; an explicit "cuda:N" would put every rank of a node on GPU N and is
 // refused, naming the key and the fix; one process keeps any setting.
 func TestRankDevice(t *testing.T) {
-	two := func(rank, local int) dist.Launch {
-		return dist.Launch{Launcher: "torchrun", Rank: rank, WorldSize: 2, LocalRank: local, MasterAddr: "127.0.0.1", MasterPort: 29500}
+	two := func(rank, local int) procgroup.Launch {
+		return procgroup.Launch{Launcher: "torchrun", Rank: rank, WorldSize: 2, LocalRank: local, MasterAddr: "127.0.0.1", MasterPort: 29500}
 	}
 	cases := []struct {
 		name    string
 		device  string
-		launch  dist.Launch
+		launch  procgroup.Launch
 		want    string
 		wantErr string
 	}{
-		{"one process keeps cuda:1", "cuda:1", dist.Launch{WorldSize: 1}, "cuda:1", ""},
-		{"one process keeps cuda", "cuda", dist.Launch{WorldSize: 1}, "cuda", ""},
+		{"one process keeps cuda:1", "cuda:1", procgroup.Launch{WorldSize: 1}, "cuda:1", ""},
+		{"one process keeps cuda", "cuda", procgroup.Launch{WorldSize: 1}, "cuda", ""},
 		{"cpu stays cpu", "cpu", two(1, 1), "cpu", ""},
 		{"cuda becomes cuda:LOCAL_RANK", "cuda", two(1, 1), "cuda:1", ""},
 		{"cuda on rank 0", "cuda", two(0, 0), "cuda:0", ""},
@@ -221,7 +221,7 @@ func TestGatherRollouts(t *testing.T) {
 					if !mine.Interrupted {
 						mine.Rows = []rowRecord{{Tokens: float64(10 * r)}, {Tokens: float64(10*r + 1)}}
 					}
-					got[r], errs[r] = ranks{Group: gs[r], grads: dist.Single()}.gatherRollouts(context.Background(), mine)
+					got[r], errs[r] = ranks{Group: gs[r], grads: procgroup.Single()}.gatherRollouts(context.Background(), mine)
 				}()
 			}
 			wg.Wait()

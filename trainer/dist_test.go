@@ -19,9 +19,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/recal-project/recal/dist"
+	"github.com/recal-project/recal/internal/procgroup"
+	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/internal/testing/ranktest"
-	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/trainer"
 )
 
@@ -66,7 +66,7 @@ func TestTrainRankHelper(t *testing.T) {
 	if err := rollout.SetThreads(1); err != nil {
 		t.Fatal(err)
 	}
-	l, err := dist.FromEnv()
+	l, err := procgroup.FromEnv()
 	if err != nil {
 		t.Fatal(err)
 	}

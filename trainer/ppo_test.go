@@ -14,7 +14,7 @@ import (
 	"testing"
 
 	"github.com/recal-project/recal/internal/hfmodel"
-	"github.com/recal-project/recal/rollout"
+	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/trainer"
 )
 

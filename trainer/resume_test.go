@@ -15,9 +15,9 @@ import (
 
 	"github.com/recal-project/recal/calibration"
 	"github.com/recal-project/recal/config"
+	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/internal/runlock"
 	"github.com/recal-project/recal/llmpool"
-	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/trainer"
 )
 

@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"github.com/recal-project/recal/config"
-	"github.com/recal-project/recal/rollout"
+	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/router"
 )
 

@@ -8,10 +8,10 @@ import (
 
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
+	"github.com/recal-project/recal/internal/rollout"
+	"github.com/recal-project/recal/internal/tokenizer"
 	"github.com/recal-project/recal/llmpool"
-	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/router"
-	"github.com/recal-project/recal/tokenizer"
 	"github.com/recal-project/recal/torchbridge"
 )
 

@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/recal-project/recal/data"
-	"github.com/recal-project/recal/rollout"
+	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/router"
 	"github.com/recal-project/recal/torchbridge"
 	"github.com/recal-project/recal/trainer"

@@ -9,10 +9,10 @@ import (
 
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
+	"github.com/recal-project/recal/internal/rollout"
+	"github.com/recal-project/recal/internal/tokenizer"
 	"github.com/recal-project/recal/llmpool"
-	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/router"
-	"github.com/recal-project/recal/tokenizer"
 )
 
 func subsetModels(names ...string) []llmpool.ModelInfo {

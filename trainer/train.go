@@ -15,10 +15,10 @@ import (
 	"github.com/recal-project/recal/calibration"
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
-	"github.com/recal-project/recal/dist"
-	"github.com/recal-project/recal/generate"
+	"github.com/recal-project/recal/internal/generate"
+	"github.com/recal-project/recal/internal/procgroup"
+	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/internal/runlock"
-	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/router"
 	"github.com/recal-project/recal/torchbridge"
 )
@@ -49,7 +49,7 @@ type Options struct {
 	// Group is this process's data-parallel process group (JoinGroup); nil
 	// is one process. Every rank calls Train with the same configuration
 	// and run folder (on a filesystem they share); rank 0 alone writes it.
-	Group dist.Group
+	Group procgroup.Group
 	// Device overrides policy.device for this process (RankDevice:
 	// cuda:LOCAL_RANK for a rank of a job on GPUs); "" keeps it.
 	Device string

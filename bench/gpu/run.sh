@@ -119,7 +119,7 @@ if has build; then
       built=$what
       break
     fi
-    ls build/recal_{model,rows,train,params}.o >/dev/null 2>&1 || break # the non-distributed objects failed: no fallback helps
+    ls build/recal_{model,decode,rows,train,params}.o >/dev/null 2>&1 || break # the non-distributed objects failed: no fallback helps
   done
   [ -n "$built" ] || exit 1
   grep -o -- '-DUSE_C10D_[A-Z]*' "$LOGS/build-$built.log" | sort -u | tr '\n' ' '

@@ -11,8 +11,8 @@ import (
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/eval"
 	"github.com/recal-project/recal/internal/hfmodel"
+	pf "github.com/recal-project/recal/internal/preflight"
 	"github.com/recal-project/recal/llmpool"
-	pf "github.com/recal-project/recal/preflight"
 	"github.com/recal-project/recal/torchbridge"
 )
 

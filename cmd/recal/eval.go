@@ -13,7 +13,7 @@ import (
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/eval"
-	"github.com/recal-project/recal/rollout"
+	"github.com/recal-project/recal/internal/rollout"
 )
 
 const defaultRouters = "policy,direct,largest,random,prompt,knn"

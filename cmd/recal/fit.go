@@ -11,9 +11,9 @@ import (
 
 	"github.com/urfave/cli/v3"
 
-	"github.com/recal-project/recal/baselines"
 	"github.com/recal-project/recal/config"
-	"github.com/recal-project/recal/embed"
+	"github.com/recal-project/recal/eval/baselines"
+	"github.com/recal-project/recal/eval/embed"
 )
 
 func fitCommand() *cli.Command {

@@ -8,9 +8,9 @@ import (
 
 	"github.com/urfave/cli/v3"
 
-	"github.com/recal-project/recal/generate"
-	"github.com/recal-project/recal/rollout"
-	"github.com/recal-project/recal/tokenizer"
+	"github.com/recal-project/recal/internal/generate"
+	"github.com/recal-project/recal/internal/rollout"
+	"github.com/recal-project/recal/internal/tokenizer"
 	"github.com/recal-project/recal/torchbridge"
 )
 

@@ -14,15 +14,15 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/recal-project/recal/config"
-	"github.com/recal-project/recal/dist"
-	"github.com/recal-project/recal/rollout"
+	"github.com/recal-project/recal/internal/procgroup"
+	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/torchbridge"
 	"github.com/recal-project/recal/trainer"
 )
 
 // Several ranks. A command that runs data-parallel (train, eval) is one
 // rank of a job when a launcher set torchrun's or Slurm's variables (see
-// dist.ParseEnv); with --nproc N it is the launcher itself: it starts N
+// procgroup.ParseEnv); with --nproc N it is the launcher itself: it starts N
 // ranks of the same command on this machine, as `torchrun --standalone
 // --nproc-per-node N` would.
 
@@ -38,8 +38,8 @@ func nprocFlag() cli.Flag {
 
 // rankLaunch reads this process's place in a job from the environment,
 // refusing --nproc inside a job a launcher started.
-func rankLaunch(cmd *cli.Command) (dist.Launch, error) {
-	l, err := dist.FromEnv()
+func rankLaunch(cmd *cli.Command) (procgroup.Launch, error) {
+	l, err := procgroup.FromEnv()
 	if err != nil {
 		return l, usageError{err}
 	}
@@ -52,11 +52,11 @@ func rankLaunch(cmd *cli.Command) (dist.Launch, error) {
 // joinRanks joins the process group of a launch (nil for one process) and
 // makes ranks other than 0 quiet: they log warnings and errors only, tagged
 // with their rank, so the job shows one progress display.
-func joinRanks(ctx context.Context, l dist.Launch, cmd *cli.Command, timeout time.Duration, join func() (dist.Group, error)) (dist.Group, error) {
+func joinRanks(ctx context.Context, l procgroup.Launch, cmd *cli.Command, timeout time.Duration, join func() (procgroup.Group, error)) (procgroup.Group, error) {
 	if !l.Distributed() {
 		return nil, nil
 	}
-	dist.WatchLauncher()
+	procgroup.WatchLauncher()
 	if l.Rank > 0 {
 		lvl := slog.LevelWarn
 		if cmd.Root().String("log-level") == "debug" || cmd.Root().String("log-level") == "error" {
@@ -69,7 +69,7 @@ func joinRanks(ctx context.Context, l dist.Launch, cmd *cli.Command, timeout tim
 		return nil, err
 	}
 	launcher := l.Launcher
-	if os.Getenv(dist.LauncherEnv) != "" {
+	if os.Getenv(procgroup.LauncherEnv) != "" {
 		launcher = "recal --nproc"
 	}
 	slog.Info("data-parallel job", "ranks", l.WorldSize, "launcher", launcher, "rendezvous", net.JoinHostPort(l.MasterAddr, strconv.Itoa(l.MasterPort)), "timeout", timeout.String())
@@ -79,13 +79,13 @@ func joinRanks(ctx context.Context, l dist.Launch, cmd *cli.Command, timeout tim
 // joinEvalRanks places an evaluation's rank: its own GPU (policy.device =
 // "cuda") and its share of the pool's global limits, written into cfg; then
 // it joins the job's process group (nil for one process).
-func joinEvalRanks(ctx context.Context, cmd *cli.Command, cfg *config.Config, launch dist.Launch) (dist.Group, error) {
+func joinEvalRanks(ctx context.Context, cmd *cli.Command, cfg *config.Config, launch procgroup.Launch) (procgroup.Group, error) {
 	var err error
 	if cfg.Policy.Device, err = trainer.RankDevice(cfg.Policy.Device, launch); err != nil {
 		return nil, usageError{err}
 	}
 	cfg.Pool = trainer.SharePool(cfg.Pool, launch.Rank, launch.WorldSize, slog.Default())
-	return joinRanks(ctx, launch, cmd, cfg.Dist.Timeout, func() (dist.Group, error) {
+	return joinRanks(ctx, launch, cmd, cfg.Dist.Timeout, func() (procgroup.Group, error) {
 		return trainer.JoinGroup(ctx, launch, cfg.Dist, cfg.Policy.Device)
 	})
 }
@@ -93,7 +93,7 @@ func joinEvalRanks(ctx context.Context, cmd *cli.Command, cfg *config.Config, la
 // rankThreads sets libtorch's CPU threads of a rank: --threads, else
 // policy.threads, else this machine's cores split between its ranks
 // (LOCAL_WORLD_SIZE; under Slurm each task sees only its own cores).
-func rankThreads(cmd *cli.Command, configured int, l dist.Launch) error {
+func rankThreads(cmd *cli.Command, configured int, l procgroup.Launch) error {
 	if cmd.Root().IsSet("threads") {
 		configured = int(cmd.Root().Int("threads"))
 	}
@@ -107,7 +107,7 @@ func rankThreads(cmd *cli.Command, configured int, l dist.Launch) error {
 }
 
 // launchLocal runs n ranks of this command line (less --nproc) on this
-// machine (dist.RunLocal) and exits with their merged status.
+// machine (procgroup.RunLocal) and exits with their merged status.
 func launchLocal(ctx context.Context, n int, timeout time.Duration) error {
 	if n < 1 {
 		return usageError{fmt.Errorf("--nproc %d: want at least 1", n)}
@@ -129,8 +129,8 @@ func launchLocal(ctx context.Context, n int, timeout time.Duration) error {
 	defer store.Close()
 	port := store.Port()
 	slog.Info("starting ranks", "nproc", n, "master", "127.0.0.1:"+strconv.Itoa(port))
-	err = dist.RunLocal(ctx, n, exe, args, port, timeout)
-	if e, ok := errors.AsType[*dist.ExitError](err); ok {
+	err = procgroup.RunLocal(ctx, n, exe, args, port, timeout)
+	if e, ok := errors.AsType[*procgroup.ExitError](err); ok {
 		return exitError{code: e.Code, err: e.Err}
 	}
 	return err

@@ -10,11 +10,11 @@ import (
 
 	"github.com/urfave/cli/v3"
 
-	"github.com/recal-project/recal/baselines"
+	"github.com/recal-project/recal/eval/baselines"
 	"github.com/recal-project/recal/internal/atomicfile"
-	"github.com/recal-project/recal/leakage"
+	"github.com/recal-project/recal/internal/leakage"
+	"github.com/recal-project/recal/internal/outcomes"
 	"github.com/recal-project/recal/llmpool"
-	"github.com/recal-project/recal/outcomes"
 )
 
 func outcomesCommand() *cli.Command {

@@ -14,10 +14,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/recal-project/recal/internal/outcomes"
+	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/internal/testing/testpolicy"
 	"github.com/recal-project/recal/llmpool"
-	"github.com/recal-project/recal/outcomes"
-	"github.com/recal-project/recal/rollout"
 )
 
 // replayWorld is a hand-written world of real outcomes: question files for

@@ -7,7 +7,7 @@ import (
 
 	"github.com/urfave/cli/v3"
 
-	"github.com/recal-project/recal/plot"
+	"github.com/recal-project/recal/internal/plot"
 )
 
 func plotCommand() *cli.Command {

@@ -7,8 +7,8 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/recal-project/recal/internal/hfmodel"
-	"github.com/recal-project/recal/policyinit"
-	"github.com/recal-project/recal/rollout"
+	"github.com/recal-project/recal/internal/policyinit"
+	"github.com/recal-project/recal/internal/rollout"
 )
 
 func policyCommand() *cli.Command {

@@ -12,8 +12,8 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/recal-project/recal/config"
-	pf "github.com/recal-project/recal/preflight"
-	"github.com/recal-project/recal/rollout"
+	pf "github.com/recal-project/recal/internal/preflight"
+	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/serve"
 	"github.com/recal-project/recal/torchbridge"
 )

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/recal-project/recal/rollout"
+	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/serve"
 )
 

@@ -13,7 +13,7 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/recal-project/recal/config"
-	"github.com/recal-project/recal/dist"
+	"github.com/recal-project/recal/internal/procgroup"
 	"github.com/recal-project/recal/torchbridge"
 	"github.com/recal-project/recal/trainer"
 )
@@ -94,7 +94,7 @@ func trainCommand() *cli.Command {
 			if err != nil {
 				return usageError{err}
 			}
-			group, err := joinRanks(ctx, launch, cmd, cfg.Dist.Timeout, func() (dist.Group, error) {
+			group, err := joinRanks(ctx, launch, cmd, cfg.Dist.Timeout, func() (procgroup.Group, error) {
 				return trainer.JoinGroup(ctx, launch, cfg.Dist, device)
 			})
 			if err != nil {

@@ -11,9 +11,9 @@ import (
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/eval"
+	"github.com/recal-project/recal/internal/plot"
+	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/internal/runlock"
-	"github.com/recal-project/recal/plot"
-	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/torchbridge"
 	"github.com/recal-project/recal/trainer"
 )

@@ -19,10 +19,10 @@ import (
 	"github.com/recal-project/recal/calibration"
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/eval"
+	"github.com/recal-project/recal/internal/plot"
 	"github.com/recal-project/recal/internal/runlock"
 	"github.com/recal-project/recal/internal/testing/testenv"
 	"github.com/recal-project/recal/internal/testing/testpolicy"
-	"github.com/recal-project/recal/plot"
 	"github.com/recal-project/recal/trainer"
 )
 

@@ -11,7 +11,7 @@ import (
 
 	"github.com/recal-project/recal/calibration"
 	"github.com/recal-project/recal/eval"
-	"github.com/recal-project/recal/rollout"
+	"github.com/recal-project/recal/internal/rollout"
 )
 
 // The study's rows are exactly the registered ablations: a variant missing

@@ -12,13 +12,13 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/recal-project/recal/baselines"
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
-	"github.com/recal-project/recal/embed"
 	"github.com/recal-project/recal/eval"
+	"github.com/recal-project/recal/eval/baselines"
+	"github.com/recal-project/recal/eval/embed"
 	"github.com/recal-project/recal/experiments/table1"
-	"github.com/recal-project/recal/rollout"
+	"github.com/recal-project/recal/internal/rollout"
 )
 
 // DefaultCostLambdas is the cost_lambda sweep of the fitted routers.

@@ -10,7 +10,7 @@ import (
 	"strings"
 
 	"github.com/recal-project/recal/internal/atomicfile"
-	"github.com/recal-project/recal/plot"
+	"github.com/recal-project/recal/internal/plot"
 )
 
 // Write saves frontier.json, frontier.csv, frontier.md and the figure

@@ -21,9 +21,9 @@ import (
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/internal/atomicfile"
-	"github.com/recal-project/recal/rollout"
+	"github.com/recal-project/recal/internal/rollout"
+	"github.com/recal-project/recal/internal/tokenizer"
 	"github.com/recal-project/recal/router"
-	"github.com/recal-project/recal/tokenizer"
 	"github.com/recal-project/recal/torchbridge"
 	"github.com/recal-project/recal/trainer"
 )

@@ -13,7 +13,7 @@ import (
 
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/experiments/sftdirect"
-	"github.com/recal-project/recal/rollout"
+	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/router"
 	"github.com/recal-project/recal/torchbridge"
 )

@@ -14,15 +14,15 @@ import (
 	"strings"
 	"time"
 
-	"github.com/recal-project/recal/baselines"
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
-	"github.com/recal-project/recal/embed"
 	"github.com/recal-project/recal/eval"
+	"github.com/recal-project/recal/eval/baselines"
+	"github.com/recal-project/recal/eval/embed"
 	"github.com/recal-project/recal/experiments/sftdirect"
 	"github.com/recal-project/recal/internal/atomicfile"
+	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/llmpool"
-	"github.com/recal-project/recal/rollout"
 	"github.com/recal-project/recal/torchbridge"
 	"github.com/recal-project/recal/trainer"
 )

@@ -12,7 +12,7 @@ import (
 	"testing"
 
 	"github.com/recal-project/recal/config"
-	"github.com/recal-project/recal/rollout"
+	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/torchbridge"
 )
 
