@@ -41,7 +41,7 @@ func frontierCommand() *cli.Command {
 			&cli.StringFlag{Name: "cost-lambdas", Value: strings.Join(lambdas, ","), Usage: "comma-separated cost_lambda values of the fitted routers (finite, >= 0)"},
 			&cli.StringFlag{Name: "thresholds", Usage: "comma-separated cascade thresholds in [0, 1] (default: every threshold the fitted rule routes differently at)"},
 			&cli.BoolFlag{Name: "no-cascade", Usage: "leave the cascade out"},
-			&cli.StringFlag{Name: "checkpoints", Usage: "comma-separated RL policies, one point each: checkpoint folders or run folders (their checkpoints/best, else last); join the seeds of one policy with + (a+b+c) for their mean ± std against the hull"},
+			&cli.StringFlag{Name: "checkpoints", Usage: "comma-separated RL policies, one point each: checkpoint folders or run folders (their checkpoints/best, else last); join the seeds of one policy with + (a+b+c) for their mean ± std against the hull; NAME=... names the family of an entry's points (default policy)"},
 		),
 		Action: func(ctx context.Context, cmd *cli.Command) error {
 			cfg, err := loadConfig(cmd)

@@ -186,3 +186,29 @@ func TestSeedSummaries(t *testing.T) {
 		})
 	}
 }
+
+func TestSplitEntry(t *testing.T) {
+	cases := []struct {
+		entry string
+		name  string
+		paths []string
+	}{
+		{"runs/a", "", []string{"runs/a"}},
+		{"runs/a+runs/b", "", []string{"runs/a", "runs/b"}},
+		{"recal=runs/a+runs/b+runs/c", "recal", []string{"runs/a", "runs/b", "runs/c"}},
+		{"router-r1_ppo=runs/p", "router-r1_ppo", []string{"runs/p"}},
+		{"runs/x=y", "", []string{"runs/x=y"}}, // no name before the "=": a path
+		{"1st=runs/a", "", []string{"1st=runs/a"}},
+	}
+	for _, c := range cases {
+		name, paths := splitEntry(c.entry)
+		if name != c.name || !slices.Equal(paths, c.paths) {
+			t.Errorf("splitEntry(%q) = %q, %q; want %q, %q", c.entry, name, paths, c.name, c.paths)
+		}
+	}
+	for _, bad := range []string{"single=" + t.TempDir(), "cascade=" + t.TempDir(), "mlp=" + t.TempDir()} {
+		if err := (Options{Work: t.TempDir(), Checkpoints: []string{bad}}).Validate(); !errors.Is(err, ErrOptions) || !strings.Contains(err.Error(), "names another family") {
+			t.Errorf("Validate(--checkpoints %s) = %v, want a name clash", bad, err)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -41,7 +42,9 @@ type Options struct {
 	// Checkpoints are RL policies, each one point of family "policy": a
 	// checkpoint folder, or a run folder (its checkpoints/best, else last).
 	// An entry joining several with "+" holds the seeds of one policy: a
-	// point each, and their mean and spread (Report.Seeds).
+	// point each, and their mean and spread (Report.Seeds). An entry
+	// "NAME=..." names the family of its points (and its seeds' group)
+	// NAME instead (a letter, then letters, digits, "-" or "_").
 	Checkpoints []string
 	Log         *slog.Logger
 	Progress    func(router string, done, total int)
@@ -77,7 +80,11 @@ func (o Options) Validate() error {
 		}
 	}
 	for _, entry := range o.Checkpoints {
-		for _, ck := range strings.Split(entry, "+") {
+		name, paths := splitEntry(entry)
+		if slices.Contains([]string{FamilySingle, FamilyCascade, FamilyOracle}, name) || slices.Contains(baselines.Names(), name) {
+			return fmt.Errorf("%w: --checkpoints %s: %q names another family of points; choose another name", ErrOptions, entry, name)
+		}
+		for _, ck := range paths {
 			if _, err := os.Stat(ck); err != nil {
 				return fmt.Errorf("%w: --checkpoints: %v", ErrOptions, err)
 			}
@@ -169,14 +176,20 @@ func Run(ctx context.Context, cfg config.Config, qs []data.Example, o Options) (
 	}
 	n := 0 // policy-N: the N-th checkpoint of the flag, seeds counted one by one
 	for _, entry := range o.Checkpoints {
-		seeds := strings.Split(entry, "+")
+		name, seeds := splitEntry(entry)
 		for _, ck := range seeds {
 			p, err := policyPoint(ctx, cfg, qs, ck, filepath.Join(evalDir, fmt.Sprintf("policy-%d", n)), o)
 			if err != nil {
 				return Report{}, err
 			}
+			if name != "" {
+				p.Family = name
+			}
 			if len(seeds) > 1 {
 				p.Group = entry
+				if name != "" {
+					p.Group = name
+				}
 			}
 			ps = append(ps, p)
 			n++
@@ -195,6 +208,19 @@ func Run(ctx context.Context, cfg config.Config, qs []data.Example, o Options) (
 		return Report{}, err
 	}
 	return rep, nil
+}
+
+// familyName is a --checkpoints entry's NAME.
+var familyName = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_-]*$`)
+
+// splitEntry splits a --checkpoints entry "[NAME=]PATH[+PATH...]" into its
+// name ("" for none) and paths. A "=" in a path (no name before it
+// matches familyName) is part of the path.
+func splitEntry(entry string) (name string, paths []string) {
+	if n, rest, ok := strings.Cut(entry, "="); ok && familyName.MatchString(n) {
+		name, entry = n, rest
+	}
+	return name, strings.Split(entry, "+")
 }
 
 // policyPoint evaluates RL checkpoint ck's policy router into dir.
