@@ -407,39 +407,7 @@ func Load(path string, sets []string) (Config, error) {
 		fromSet[strings.TrimSpace(key)] = true
 	}
 	cfg.resolve(filepath.Dir(path), fromSet)
-	if err := cfg.checkReplay(); err != nil {
-		return Config{}, fmt.Errorf("config: %s: %w", path, err)
-	}
 	return cfg, nil
-}
-
-// checkReplay makes sure, when a pool model is replayed from an outcome log
-// (provider "replay"), that its log has a row for every question of [data]
-// (training, validation and test), so that a missing one is an error now,
-// not a failed call deep into a run.
-func (c *Config) checkReplay() error {
-	replayed := false
-	for _, m := range c.Pool.Models {
-		replayed = replayed || m.Provider == "replay"
-	}
-	if !replayed {
-		return nil
-	}
-	train, val, err := c.Data.LoadTrain()
-	if err != nil {
-		return err
-	}
-	test, err := c.Data.LoadTest()
-	if err != nil {
-		return err
-	}
-	var qs []llmpool.Question
-	for _, set := range [][]data.Example{train, val, test} {
-		for _, ex := range set {
-			qs = append(qs, llmpool.Question{ID: ex.ID, Dataset: ex.Dataset, Text: ex.Question, Golden: ex.Golden})
-		}
-	}
-	return llmpool.CheckReplay(c.Pool, qs)
 }
 
 // Parse decodes TOML text (name is used in errors) with overrides. An error

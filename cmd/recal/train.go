@@ -13,6 +13,7 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/recal-project/recal/config"
+	"github.com/recal-project/recal/internal/preflight"
 	"github.com/recal-project/recal/internal/procgroup"
 	"github.com/recal-project/recal/torchbridge"
 	"github.com/recal-project/recal/trainer"
@@ -26,10 +27,18 @@ func configFlags() []cli.Flag {
 	}
 }
 
+// loadConfig loads the command's configuration (config.Load: parsed,
+// validated, paths resolved) and checks what it names against the files
+// (preflight.Replay: a replayed pool's logs hold every question of
+// [data]); either error is a usage error.
 func loadConfig(cmd *cli.Command) (config.Config, error) {
-	cfg, err := config.Load(cmd.String("config"), cmd.StringSlice("set"))
+	path := cmd.String("config")
+	cfg, err := config.Load(path, cmd.StringSlice("set"))
 	if err != nil {
 		return cfg, usageError{err}
+	}
+	if err := preflight.Replay(cfg); err != nil {
+		return cfg, usageError{fmt.Errorf("config: %s: %w", path, err)}
 	}
 	return cfg, nil
 }

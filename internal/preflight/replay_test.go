@@ -1,17 +1,19 @@
-package config
+package preflight
 
 import (
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/recal-project/recal/config"
 )
 
-// A config whose pool replays an outcome log is refused at Load when a
+// A config whose pool replays an outcome log is refused by Replay when a
 // question of [data] has no row in the log, naming the question; with every
-// question logged it loads, the log's path resolved against the file's
-// folder.
-func TestLoadChecksReplayCoverage(t *testing.T) {
+// question logged it passes, the log's path resolved against the file's
+// folder by config.Load, which reads no data itself.
+func TestReplayCoverage(t *testing.T) {
 	dir := t.TempDir()
 	write := func(name, text string) {
 		t.Helper()
@@ -47,14 +49,21 @@ provider = "replay"
 	}
 	write("full.toml", cfg("logs/full.jsonl"))
 	write("partial.toml", cfg("logs/partial.jsonl"))
-	c, err := Load(filepath.Join(dir, "full.toml"), nil)
+	c, err := config.Load(filepath.Join(dir, "full.toml"), nil)
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Replay(c); err != nil {
 		t.Fatalf("every question is logged: %v", err)
 	}
 	if got, want := c.Pool.Models[0].Replay.Log, filepath.Join(dir, "logs/full.jsonl"); got != want {
 		t.Errorf("replay.log resolved to %q, want %q (relative to the config's folder)", got, want)
 	}
-	_, err = Load(filepath.Join(dir, "partial.toml"), nil)
+	partial, err := config.Load(filepath.Join(dir, "partial.toml"), nil)
+	if err != nil {
+		t.Fatalf("config.Load reads no log, so a partial one loads: %v", err)
+	}
+	err = Replay(partial)
 	if err == nil || !strings.Contains(err.Error(), `for question "nq/3" (1 of the 4 questions of [data] are missing)`) {
 		t.Fatalf("error %v, want one naming nq/3, the question the log lacks", err)
 	}
