@@ -102,14 +102,17 @@ var inputParts = map[string]func(s Setup) (any, error){
 		return struct {
 			MaxTurns, TurnTokens, InfoTokens int
 			Prompt                           string
-			NoRepeatNGram                    int    `json:",omitempty"`
-			OnRepeat                         string `json:",omitempty"`
-			AnswerSpan                       bool   `json:",omitempty"`
-			SearchNames                      bool   `json:",omitempty"`
-			CallFirst                        bool   `json:",omitempty"`
-			MatchClose                       bool   `json:",omitempty"`
-			Engine                           int    `json:",omitempty"`
-		}{rc.MaxTurns, rc.TurnTokens, rc.InfoTokens, tmpl, rc.NoRepeatNGram, onRepeat, rc.AnswerSpan, rc.SearchNames, rc.CallFirst, rc.MatchClose, router.DecodeVersion}, nil
+			NoRepeatNGram                    int     `json:",omitempty"`
+			OnRepeat                         string  `json:",omitempty"`
+			AnswerSpan                       bool    `json:",omitempty"`
+			SearchNames                      bool    `json:",omitempty"`
+			CallFirst                        bool    `json:",omitempty"`
+			MatchClose                       bool    `json:",omitempty"`
+			Agreement                        bool    `json:",omitempty"`
+			Budget                           float64 `json:",omitempty"` // Env.MaxCostUSD
+			Engine                           int     `json:",omitempty"`
+		}{rc.MaxTurns, rc.TurnTokens, rc.InfoTokens, tmpl, rc.NoRepeatNGram, onRepeat, rc.AnswerSpan, rc.SearchNames, rc.CallFirst, rc.MatchClose,
+			rc.Agreement, s.Env.MaxCostUSD, router.DecodeVersion}, nil
 	},
 	// pool: the models as configured, less the settings that change how
 	// calls are made but not what they answer.

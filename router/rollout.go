@@ -63,6 +63,9 @@ type Job struct {
 	// unknown model); the prompt should list exactly these. Scheduler.Submit
 	// reads RowOptions.Models instead.
 	Models []string
+	// MaxCostUSD is the response's pool budget (its RowOptions.MaxCostUSD;
+	// 0 = none).
+	MaxCostUSD float64
 }
 
 // Sample is one finished response.
@@ -151,7 +154,7 @@ func Rollout(ctx context.Context, dec generate.Decoder, tok Tokenizer, pool Pool
 	}
 	ps := make([]*Pending, len(jobs))
 	for i, j := range jobs {
-		if ps[i], err = e.Submit(ctx, j, RowOptions{Sampling: s, Models: j.Models}); err != nil {
+		if ps[i], err = e.Submit(ctx, j, RowOptions{Sampling: s, Models: j.Models, MaxCostUSD: j.MaxCostUSD}); err != nil {
 			return nil, Stats{}, fmt.Errorf("router: job %d: %w", i, err)
 		}
 	}

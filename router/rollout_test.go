@@ -409,12 +409,52 @@ func TestAgreementNote(t *testing.T) {
 		{"The answer is Lagos.", " Agrees with: fid, chatgpt."}, // whole words inside a longer answer
 		{"The answer is lagos state", " Agrees with: fid."},
 		{"The answer is Abuja.", " Agrees with: none."},
-		{"Lagos", " Agrees with: none."}, // states no answer
+		{"Lagos", " Agrees with: none."},                     // states no answer
 		{"The answer is pool error.", " Agrees with: none."}, // failed calls agree with nothing
 	}
 	for _, c := range cases {
 		if got := AgreementNote(c.reply, earlier); got != c.want {
 			t.Errorf("AgreementNote(%q) = %q, want %q", c.reply, got, c.want)
+		}
+	}
+}
+
+// A Job's MaxCostUSD is its response's budget, as RowOptions.MaxCostUSD
+// is for Scheduler.Submit: once spent, a search makes no call.
+func TestRolloutJobBudget(t *testing.T) {
+	tok := loadTok(t)
+	pc := llmpool.Defaults()
+	pc.Cache = "off"
+	pc.Models = []llmpool.ModelConfig{{Name: "sim-a", Description: "a simulated model", Provider: "sim", PriceIn: 1, PriceOut: 1,
+		Sim: &llmpool.SimConfig{DefaultAccuracy: 1}}}
+	pool, err := llmpool.New(pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	ask := "<think>a</think><search>sim-a: capital of France</search>"
+	q := llmpool.Question{ID: "nq/1", Dataset: "nq", Text: "What is the capital of France?", Golden: []string{"Paris"}}
+	for _, c := range []struct {
+		budget  float64
+		made    int // calls made of the two asked
+		refused int
+	}{{0, 2, 0}, {1e-12, 1, 1}, {1, 2, 0}} {
+		dec := &forced{tok: tok, queue: map[int][]int32{}, turn: map[int]int{}, fed: map[int][][]int32{}, turns: map[int][]string{0: {ask, ask, "<answer>Paris</answer>"}}}
+		cfg := Config{MaxTurns: 3, TurnTokens: 24, InfoTokens: 32}
+		out, _, err := Rollout(context.Background(), dec, tok, pool, cfg, []Job{{Question: q, Prompt: []int32{1, 2, 3}, MaxCostUSD: c.budget}}, generate.Sampling{}, []int32{int32(tok.EOS())}, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		made, refused := 0, 0
+		for _, call := range out[0].Calls {
+			if call.Refused {
+				refused++
+			} else {
+				made++
+			}
+		}
+		if made != c.made || refused != c.refused {
+			t.Errorf("budget %g USD: %d calls made, %d refused; want %d, %d", c.budget, made, refused, c.made, c.refused)
 		}
 	}
 }

@@ -42,6 +42,7 @@ func frontierCommand() *cli.Command {
 			&cli.StringFlag{Name: "thresholds", Usage: "comma-separated cascade thresholds in [0, 1] (default: every threshold the fitted rule routes differently at)"},
 			&cli.BoolFlag{Name: "no-cascade", Usage: "leave the cascade out"},
 			&cli.StringFlag{Name: "checkpoints", Usage: "comma-separated RL policies, one point each: checkpoint folders or run folders (their checkpoints/best, else last); join the seeds of one policy with + (a+b+c) for their mean ± std against the hull; NAME=... names the family of an entry's points (default policy)"},
+			&cli.StringFlag{Name: "budgets", Usage: "comma-separated pool budgets in USD per question (> 0): each checkpoint is also evaluated at each, as recal serve's recal.max_cost_usd limits a request (no call once the budget is spent), a point each in its family"},
 		),
 		Action: func(ctx context.Context, cmd *cli.Command) error {
 			cfg, err := loadConfig(cmd)
@@ -72,6 +73,9 @@ func frontierCommand() *cli.Command {
 				}
 			}
 			o.Checkpoints = splitList(cmd.String("checkpoints"))
+			if o.Budgets, err = floatList(cmd, "budgets"); err != nil {
+				return err
+			}
 			if err := o.Validate(); err != nil {
 				return usageError{err}
 			}

@@ -206,6 +206,11 @@ func TestSplitEntry(t *testing.T) {
 			t.Errorf("splitEntry(%q) = %q, %q; want %q, %q", c.entry, name, paths, c.name, c.paths)
 		}
 	}
+	for _, b := range []float64{0, -1, math.Inf(1), math.NaN()} {
+		if err := (Options{Work: t.TempDir(), Budgets: []float64{b}}).Validate(); !errors.Is(err, ErrOptions) || !strings.Contains(err.Error(), "--budgets") {
+			t.Errorf("Validate(--budgets %v) = %v, want a bad budget", b, err)
+		}
+	}
 	for _, bad := range []string{"single=" + t.TempDir(), "cascade=" + t.TempDir(), "mlp=" + t.TempDir()} {
 		if err := (Options{Work: t.TempDir(), Checkpoints: []string{bad}}).Validate(); !errors.Is(err, ErrOptions) || !strings.Contains(err.Error(), "names another family") {
 			t.Errorf("Validate(--checkpoints %s) = %v, want a name clash", bad, err)

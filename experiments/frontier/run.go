@@ -46,8 +46,13 @@ type Options struct {
 	// "NAME=..." names the family of its points (and its seeds' group)
 	// NAME instead (a letter, then letters, digits, "-" or "_").
 	Checkpoints []string
-	Log         *slog.Logger
-	Progress    func(router string, done, total int)
+	// Budgets are pool budgets in USD per question (each > 0), at which
+	// every checkpoint is evaluated too, as `recal serve`'s per-request
+	// recal.max_cost_usd limits a response: a point each, in the
+	// checkpoint's family, so one checkpoint traces its own frontier.
+	Budgets  []float64
+	Log      *slog.Logger
+	Progress func(router string, done, total int)
 }
 
 // ErrOptions: a sweep the frontier cannot run.
@@ -77,6 +82,11 @@ func (o Options) Validate() error {
 	for _, r := range o.Routers {
 		if !slices.Contains(baselines.Names(), r) {
 			return fmt.Errorf("%w: --routers: %q is not a fitted router (known: %v)", ErrOptions, r, baselines.Names())
+		}
+	}
+	for _, b := range o.Budgets {
+		if !(b > 0) || math.IsInf(b, 0) {
+			return fmt.Errorf("%w: --budgets: %v USD, want a finite budget > 0", ErrOptions, b)
 		}
 	}
 	for _, entry := range o.Checkpoints {
@@ -177,21 +187,27 @@ func Run(ctx context.Context, cfg config.Config, qs []data.Example, o Options) (
 	n := 0 // policy-N: the N-th checkpoint of the flag, seeds counted one by one
 	for _, entry := range o.Checkpoints {
 		name, seeds := splitEntry(entry)
+		group := entry
+		if name != "" {
+			group = name
+		}
 		for _, ck := range seeds {
-			p, err := policyPoint(ctx, cfg, qs, ck, filepath.Join(evalDir, fmt.Sprintf("policy-%d", n)), o)
+			pts, err := policyPoints(ctx, cfg, qs, ck, filepath.Join(evalDir, fmt.Sprintf("policy-%d", n)), o)
 			if err != nil {
 				return Report{}, err
 			}
-			if name != "" {
-				p.Family = name
-			}
-			if len(seeds) > 1 {
-				p.Group = entry
+			for k, p := range pts {
 				if name != "" {
-					p.Group = name
+					p.Family = name
 				}
+				if len(seeds) > 1 {
+					p.Group = group
+					if p.Setting != nil {
+						p.Group = fmt.Sprintf("%s $%s", group, fmtSetting(o.Budgets[k-1]))
+					}
+				}
+				ps = append(ps, p)
 			}
-			ps = append(ps, p)
 			n++
 		}
 	}
@@ -223,22 +239,34 @@ func splitEntry(entry string) (name string, paths []string) {
 	return name, strings.Split(entry, "+")
 }
 
-// policyPoint evaluates RL checkpoint ck's policy router into dir.
-func policyPoint(ctx context.Context, cfg config.Config, qs []data.Example, ck, dir string, o Options) (Point, error) {
+// policyPoints evaluates RL checkpoint ck's policy router into dir, then
+// at each of o.Budgets into dir-budget-B: its point with no budget first,
+// then one a budget (Setting: the budget).
+func policyPoints(ctx context.Context, cfg config.Config, qs []data.Example, ck, dir string, o Options) ([]Point, error) {
 	path, _, err := rollout.ResolveCheckpoint(ck) // a run folder: its checkpoints/best, else last
 	if err != nil {
-		return Point{}, fmt.Errorf("frontier: --checkpoints %s: %w", ck, err)
+		return nil, fmt.Errorf("frontier: --checkpoints %s: %w", ck, err)
 	}
 	s, closeAll, err := table1.OpenSetup(cfg, path, qs, o.Log)
 	if err != nil {
-		return Point{}, fmt.Errorf("frontier: --checkpoints %s: %w", ck, err)
+		return nil, fmt.Errorf("frontier: --checkpoints %s: %w", ck, err)
 	}
 	defer closeAll()
 	tab, err := eval.Run(ctx, s, qs, []string{"policy"}, dir, o.Log, o.Progress)
 	if err != nil {
-		return Point{}, err
+		return nil, err
 	}
-	return point(FamilyPolicy, ck, nil, tab.Rows[0]), nil
+	out := []Point{point(FamilyPolicy, ck, nil, tab.Rows[0])}
+	env := s.Env
+	for _, b := range o.Budgets {
+		s.Env = env.WithBudget(b)
+		tab, err := eval.Run(ctx, s, qs, []string{"policy"}, dir+"-budget-"+fmtSetting(b), o.Log, o.Progress)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, point(FamilyPolicy, fmt.Sprintf("%s $%s", ck, fmtSetting(b)), &b, tab.Rows[0]))
+	}
+	return out, nil
 }
 
 func point(family, label string, setting *float64, r eval.Row) Point {

@@ -39,6 +39,13 @@ type Env struct {
 	// random subset of the pool (ModelSubset).
 	ModelSubsets float64
 
+	// MaxCostUSD is each response's pool budget in USD (0 = none), as
+	// `recal serve`'s per-request recal.max_cost_usd: once a response's
+	// calls have spent it, a further <search> makes no call and shows
+	// router.BudgetText. Evaluation at a budget (`recal frontier
+	// --budgets`) sets it; training never does.
+	MaxCostUSD float64
+
 	mu            sync.Mutex
 	prompts       map[string][]int32        // prompt tokens by question id (and subset)
 	subsetPrompts map[string]*router.Prompt // prompts by the subset they list
@@ -159,7 +166,7 @@ func (e *Env) RollRows(ctx context.Context, qs []data.Example, g int, s generate
 		}
 		longest = max(longest, len(p))
 		for range g {
-			jobs = append(jobs, router.Job{Question: Question(q), Prompt: p, Models: models})
+			jobs = append(jobs, router.Job{Question: Question(q), Prompt: p, Models: models, MaxCostUSD: e.MaxCostUSD})
 		}
 	}
 	capacity := min(longest+e.Router.Capacity(), e.Engine.CtxLen)
@@ -198,9 +205,17 @@ func (e *Env) rollRound(ctx context.Context, jobs []router.Job, capacity int, s 
 	return router.Rollout(ctx, Decoder{C: cache, Logp: logp, RowBase: first, Workers: workers}, e.Engine.Tok, e.Pool, e.Router, jobs, s, e.Engine.EOS, seed)
 }
 
+// WithBudget returns an environment sharing e's policy, pool, prompt and
+// protocol whose responses each have a pool budget of usd (MaxCostUSD).
+func (e *Env) WithBudget(usd float64) *Env {
+	c := e.WithPrompt(e.Prompt, e.Router)
+	c.ModelSubsets, c.MaxCostUSD = e.ModelSubsets, usd
+	return c
+}
+
 // WithPrompt returns an environment sharing e's policy and pool but with
 // another prompt and protocol settings (e.g. no models and no calls).
 func (e *Env) WithPrompt(p *router.Prompt, rc router.Config) *Env {
 	return &Env{Engine: e.Engine, Pool: e.Pool, Prompt: p, Router: rc, DecodeThreads: e.DecodeThreads, RolloutWorkers: e.RolloutWorkers,
-		MaxRows: e.MaxRows, prompts: map[string][]int32{}}
+		MaxRows: e.MaxRows, MaxCostUSD: e.MaxCostUSD, prompts: map[string][]int32{}}
 }
