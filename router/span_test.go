@@ -20,6 +20,7 @@ type wishful struct {
 	tok          Tokenizer
 	vocab        int
 	first, later string
+	second       string // when set: written after the first reply, later after the next
 	queue        map[int][]int32
 	fed          map[int]int
 	bans         [][]int32
@@ -39,6 +40,8 @@ func (w *wishful) ExtendBanned(_ context.Context, rows []int, toks [][]int32, _ 
 		switch {
 		case w.fed[r] == 0:
 			w.queue[r] = w.enc(w.first)
+		case len(toks[k]) > 1 && w.second != "": // the first reply's block
+			w.queue[r], w.second = w.enc(w.second), ""
 		case len(toks[k]) > 1: // the reply's block
 			w.queue[r] = w.enc(w.later)
 		}
@@ -399,5 +402,39 @@ func TestMatchClose(t *testing.T) {
 				t.Errorf("answer %q, want Paris (response %q)", a, s.Text)
 			}
 		})
+	}
+}
+
+// A budget refusal's notice is no reply: with router.answer_span the
+// answer is a span of the replies the policy was shown, never of the
+// notice.
+func TestAnswerSpanSkipsRefusals(t *testing.T) {
+	tok := loadTok(t)
+	pc := llmpool.Defaults()
+	pc.Cache = "off"
+	pc.Models = []llmpool.ModelConfig{{Name: "sim-a", Description: "a simulated model", Provider: "sim", PriceIn: 1, PriceOut: 1,
+		Sim: &llmpool.SimConfig{DefaultAccuracy: 1}}}
+	pool, err := llmpool.New(pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	q := llmpool.Question{ID: "nq/1", Dataset: "nq", Text: "capital of France?", Golden: []string{"Paris"}}
+	search := "<think>a</think><search>sim-a: capital of France?</search>"
+	dec := &wishful{tok: tok, vocab: tok.VocabSize(), first: search, second: search, later: "<answer> the cost budget is spent</answer>",
+		queue: map[int][]int32{}, fed: map[int]int{}}
+	cfg := Config{MaxTurns: 2, TurnTokens: 40, InfoTokens: 32, AnswerSpan: true}
+	out, _, err := Rollout(context.Background(), dec, tok, pool, cfg, []Job{{Question: q, Prompt: []int32{1, 2, 3}, MaxCostUSD: 1e-12}},
+		generate.Sampling{}, []int32{int32(tok.EOS())}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := out[0]
+	if len(o.Calls) != 2 || o.Calls[0].Refused || !o.Calls[1].Refused {
+		t.Fatalf("calls %+v, want one made and one refused", o.Calls)
+	}
+	a, _ := LastAnswer(o.Text)
+	if a = strings.TrimSpace(a); a == "" || strings.Contains(a, "budget") || !strings.Contains(o.Calls[0].Reply, a) {
+		t.Errorf("answer %q (response %q), want a span of the reply %q, none of the notice", a, o.Text, o.Calls[0].Reply)
 	}
 }

@@ -238,7 +238,8 @@ func (e *Scheduler) fold(rp reply) {
 		return
 	}
 	p.spent += rp.call.Cost
-	if e.cfg.AnswerSpan {
+	// A budget refusal is no reply: its notice is not a span to answer from.
+	if e.cfg.AnswerSpan && !rp.call.Refused {
 		p.replies = append(p.replies, rp.call.Reply)
 		p.spanToks = nil // made again, with this reply, when an answer needs them
 	}
