@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Measurements of docs/results/routing-evouna.md that recal does not print.
+
+  python3 docs/results/routing-evouna.py escalation RUN_DIR FIRST LAST
+      For the training rollouts of GRPO steps FIRST..LAST (RUN_DIR/rollouts.jsonl):
+      of the responses whose first two calls were made, how many asked a third
+      model, split by whether the second reply's stated answer is mentioned by
+      the first reply (the "agree" route's rule, recal's data.Mentions).
+  python3 docs/results/routing-evouna.py teacher FRONTIER_WORK
+      The "agree" route's rule (fid, chatgpt, then gpt4 when they disagree)
+      applied to the test questions' reference answers of a `recal frontier`
+      work folder (eval/reference/results-model-*.jsonl): EM, USD and calls
+      per question.
+
+Standard library only; normalisation as recal's data.Normalize (SQuAD's).
+"""
+import collections
+import json
+import re
+import string
+import sys
+
+PUNCT = set(string.punctuation)
+
+
+def norm(s):
+    s = "".join(c for c in s.lower() if c not in PUNCT)
+    s = re.sub(r"\b(a|an|the)\b", " ", s)
+    return " ".join(s.split())
+
+
+def mentions(text, answer):
+    a = norm(answer)
+    return a != "" and (" " + a + " ") in (" " + norm(text) + " ")
+
+
+def stated(reply):
+    k = reply.lower().rfind("answer is")
+    if k < 0:
+        return None
+    return " ".join(reply[k + len("answer is"):].strip().rstrip(".").split()[:8])
+
+
+def agree(first, second):
+    a = stated(second)
+    return a is not None and mentions(first, a)
+
+
+def escalation(run, lo, hi):
+    c = collections.Counter()
+    for line in open(run + "/rollouts.jsonl"):
+        o = json.loads(line)
+        if not lo <= o["step"] <= hi:
+            continue
+        calls = o["calls"] or []
+        if len(calls) < 2 or calls[0].get("failed") or calls[1].get("failed"):
+            c["fewer than 2 calls made"] += 1
+            continue
+        key = "agree" if agree(calls[0]["reply"], calls[1]["reply"]) else "disagree"
+        c[(key, "escalated" if len(calls) > 2 else "stopped")] += 1
+    for key in ("agree", "disagree"):
+        esc, stop = c[(key, "escalated")], c[(key, "stopped")]
+        n = esc + stop
+        print(f"{key:9s} {n:5d} responses, escalated {esc:5d} ({100 * esc / max(n, 1):.1f}%)")
+    print(f"fewer than 2 calls made: {c['fewer than 2 calls made']}")
+
+
+def teacher(work):
+    res = collections.defaultdict(dict)
+    for m in ("fid", "chatgpt", "gpt4"):
+        for line in open(f"{work}/eval/reference/results-model-{m}.jsonl"):
+            o = json.loads(line)
+            res[o["id"]][m] = o
+    n = em = cost = calls = 0
+    for d in res.values():
+        n += 1
+        c = d["fid"]["cost"] + d["chatgpt"]["cost"]
+        if agree(d["fid"]["response"], d["chatgpt"]["response"]):
+            em, calls = em + d["chatgpt"]["em"], calls + 2
+        else:
+            em, calls, c = em + d["gpt4"]["em"], calls + 3, c + d["gpt4"]["cost"]
+        cost += c
+    print(f"{n} questions: EM {em / n:.3f}, {cost / n:.6f} USD and {calls / n:.2f} calls per question")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["escalation"] and len(sys.argv) == 5:
+        escalation(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    elif sys.argv[1:2] == ["teacher"] and len(sys.argv) == 3:
+        teacher(sys.argv[2])
+    else:
+        sys.exit(__doc__)
