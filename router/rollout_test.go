@@ -423,15 +423,7 @@ func TestAgreementNote(t *testing.T) {
 // is for Scheduler.Submit: once spent, a search makes no call.
 func TestRolloutJobBudget(t *testing.T) {
 	tok := loadTok(t)
-	pc := llmpool.Defaults()
-	pc.Cache = "off"
-	pc.Models = []llmpool.ModelConfig{{Name: "sim-a", Description: "a simulated model", Provider: "sim", PriceIn: 1, PriceOut: 1,
-		Sim: &llmpool.SimConfig{DefaultAccuracy: 1}}}
-	pool, err := llmpool.New(pc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := pricedPool(t, nil, "sim-a")
 	ask := "<think>a</think><search>sim-a: capital of France</search>"
 	q := llmpool.Question{ID: "nq/1", Dataset: "nq", Text: "What is the capital of France?", Golden: []string{"Paris"}}
 	for _, c := range []struct {

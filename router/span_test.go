@@ -410,15 +410,7 @@ func TestMatchClose(t *testing.T) {
 // notice.
 func TestAnswerSpanSkipsRefusals(t *testing.T) {
 	tok := loadTok(t)
-	pc := llmpool.Defaults()
-	pc.Cache = "off"
-	pc.Models = []llmpool.ModelConfig{{Name: "sim-a", Description: "a simulated model", Provider: "sim", PriceIn: 1, PriceOut: 1,
-		Sim: &llmpool.SimConfig{DefaultAccuracy: 1}}}
-	pool, err := llmpool.New(pc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := pricedPool(t, nil, "sim-a")
 	q := llmpool.Question{ID: "nq/1", Dataset: "nq", Text: "capital of France?", Golden: []string{"Paris"}}
 	search := "<think>a</think><search>sim-a: capital of France?</search>"
 	dec := &wishful{tok: tok, vocab: tok.VocabSize(), first: search, second: search, later: "<answer> the cost budget is spent</answer>",
