@@ -308,20 +308,30 @@ func InfoBlockNote(tok Tokenizer, reply string, earlier []Call, limit int) (bloc
 	return block, body
 }
 
-// AgreementNote is router.agreement's note on reply: " Agrees with: M1,
-// M2." naming, in order, the earlier calls whose reply mentions reply's
-// stated answer (StatedAnswer; data.Mentions: its normalised words as a
-// run of whole words), or " Agrees with: none." (also for a reply that
-// states no answer). Failed calls (errors, refusals) agree with nothing.
-func AgreementNote(reply string, earlier []Call) string {
+// Agreeing names, in call order and each once, the models of the earlier
+// calls whose reply mentions reply's stated answer (StatedAnswer;
+// data.Mentions: its normalised words as a run of whole words); none when
+// reply states no answer. Failed calls (errors, refusals) agree with
+// nothing. It is router.agreement's note and the "agree" warm-up route's
+// stopping rule.
+func Agreeing(reply string, earlier []Call) []string {
+	a, ok := StatedAnswer(reply)
+	if !ok {
+		return nil
+	}
 	var same []string
-	if a, ok := StatedAnswer(reply); ok {
-		for _, c := range earlier {
-			if !c.Failed && data.Mentions(c.Reply, a) && !slices.Contains(same, c.Model) {
-				same = append(same, c.Model)
-			}
+	for _, c := range earlier {
+		if !c.Failed && data.Mentions(c.Reply, a) && !slices.Contains(same, c.Model) {
+			same = append(same, c.Model)
 		}
 	}
+	return same
+}
+
+// AgreementNote is router.agreement's note on reply: " Agrees with: M1,
+// M2." naming the Agreeing models, or " Agrees with: none.".
+func AgreementNote(reply string, earlier []Call) string {
+	same := Agreeing(reply, earlier)
 	if len(same) == 0 {
 		return " Agrees with: none."
 	}

@@ -91,7 +91,7 @@ func BuildDemos(ctx context.Context, env *rollout.Env, qs []data.Example, seed i
 	}
 	out := make([]Demo, len(qs))
 	for i, q := range qs {
-		out[i] = writeDemo(env, prompts[i], q, []demoCall{{reqs[i].Model, replies[i].Text}}, answerWeight, 0)
+		out[i] = writeDemo(env, prompts[i], q, []router.Call{{Model: reqs[i].Model, Reply: replies[i].Text}}, answerWeight, 0)
 	}
 	return out, nil
 }
@@ -99,7 +99,7 @@ func BuildDemos(ctx context.Context, env *rollout.Env, qs []data.Example, seed i
 // buildAgreeDemos is the "agree" route, a cascade of o.Chain (FrugalGPT's,
 // with agreement as the stopping rule and no labels read): it asks the
 // chain's first two models; when the second one's stated answer is
-// mentioned by the first reply (data.Mentions) the demonstration answers
+// mentioned by the first reply (router.Agreeing) the demonstration answers
 // with it, otherwise it asks the next model, and so on; the chain's last
 // model always answers. So the policy is shown a cheap call, a second
 // opinion, and an escalation exactly when the replies disagree: a decision
@@ -116,8 +116,8 @@ func buildAgreeDemos(ctx context.Context, env *rollout.Env, qs []data.Example, o
 		}
 		prompts[i] = prompt
 	}
-	calls := make([][]demoCall, len(qs))
-	open := make([]int, len(qs)) // the questions still asking
+	calls := make([][]router.Call, len(qs)) // each question's calls, the replies as the pool gave them
+	open := make([]int, len(qs))            // the questions still asking
 	for i := range open {
 		open[i] = i
 	}
@@ -134,8 +134,8 @@ func buildAgreeDemos(ctx context.Context, env *rollout.Env, qs []data.Example, o
 		var next []int
 		for j, i := range open {
 			earlier := calls[i]
-			calls[i] = append(calls[i], demoCall{model, replies[j].Text})
-			if k == 0 || !agrees(replies[j].Text, earlier) {
+			calls[i] = append(calls[i], router.Call{Model: model, Reply: replies[j].Text})
+			if k == 0 || len(router.Agreeing(replies[j].Text, earlier)) == 0 {
 				next = append(next, i)
 			}
 		}
@@ -148,25 +148,6 @@ func buildAgreeDemos(ctx context.Context, env *rollout.Env, qs []data.Example, o
 	return out, nil
 }
 
-// agrees reports whether an earlier reply mentions reply's stated answer.
-func agrees(reply string, earlier []demoCall) bool {
-	a, ok := router.StatedAnswer(reply)
-	if !ok {
-		return false
-	}
-	for _, c := range earlier {
-		if data.Mentions(c.Reply, a) {
-			return true
-		}
-	}
-	return false
-}
-
-// demoCall is one pool call of a demonstration.
-type demoCall struct {
-	Model, Reply string
-}
-
 // writeDemo writes the demonstration of q: for each call, think, search
 // (the question itself as the sub-query) and the reply as information;
 // then the answer drawn from the last reply (demoAnswer). A reply with no
@@ -177,7 +158,7 @@ type demoCall struct {
 // turns and answerWeight on the answer turn (0 on prompt and replies); with
 // decisionWeight > 0, the first token of each turn after a reply weighs
 // decisionWeight instead.
-func writeDemo(env *rollout.Env, prompt []int32, q data.Example, calls []demoCall, answerWeight, decisionWeight float32) Demo {
+func writeDemo(env *rollout.Env, prompt []int32, q data.Example, calls []router.Call, answerWeight, decisionWeight float32) Demo {
 	tok := env.Engine.Tok
 	d := Demo{Tokens: append([]int32(nil), prompt...)}
 	d.Mask = make([]float32, len(prompt))

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/router"
@@ -174,5 +175,19 @@ func TestAgreeDemos(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Every route config accepts (config.DemoRoutes) is one the trainer can
+// build, and no other: the two lists cannot drift apart.
+func TestDemoRoutesMatchConfig(t *testing.T) {
+	var built []string
+	for name := range trainer.DemoRoutes {
+		built = append(built, name)
+	}
+	slices.Sort(built)
+	want := slices.Sorted(slices.Values(config.DemoRoutes))
+	if !slices.Equal(built, want) {
+		t.Errorf("trainer.DemoRoutes builds %q, config.DemoRoutes accepts %q", built, want)
 	}
 }

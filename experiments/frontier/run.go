@@ -196,14 +196,14 @@ func Run(ctx context.Context, cfg config.Config, qs []data.Example, o Options) (
 			if err != nil {
 				return Report{}, err
 			}
-			for k, p := range pts {
+			for _, p := range pts {
 				if name != "" {
 					p.Family = name
 				}
 				if len(seeds) > 1 {
 					p.Group = group
-					if p.Setting != nil {
-						p.Group = fmt.Sprintf("%s $%s", group, fmtSetting(o.Budgets[k-1]))
+					if p.Setting != nil { // a budget's point
+						p.Group = fmt.Sprintf("%s $%s", group, fmtSetting(*p.Setting))
 					}
 				}
 				ps = append(ps, p)
