@@ -91,25 +91,9 @@ func (a ppo) advantages(ctx context.Context, p *torchbridge.Policy, b *stepBatch
 // oldValues sets OldValues of seqs: V(s_t) of every policy token under the
 // weights that sampled the batch, micro responses per forward pass.
 func oldValues(ctx context.Context, p *torchbridge.Policy, seqs []torchbridge.Sequence, micro int) error {
-	idx := make([]int, len(seqs))
-	for i := range idx {
-		idx[i] = i
-	}
-	for _, c := range chunks(idx, micro) {
-		toks := make([][]int32, len(c))
-		masks := make([][]float32, len(c))
-		for k, i := range c {
-			toks[k], masks[k] = seqs[i].Tokens, seqs[i].Mask
-		}
-		v, err := p.Values(ctx, toks, masks)
-		if err != nil {
-			return err
-		}
-		for k, i := range c {
-			seqs[i].OldValues = v[k]
-		}
-	}
-	return nil
+	return perMicroBatch(seqs, micro, func(toks [][]int32, masks [][]float32) ([][]float32, error) {
+		return p.Values(ctx, toks, masks)
+	}, func(s *torchbridge.Sequence, row []float32) { s.OldValues = row })
 }
 
 // fill computes, for a batch whose OldValues are set, the rewards (the cost

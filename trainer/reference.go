@@ -118,22 +118,29 @@ func (r *reference) Close() error {
 
 // refLogp fills RefLogp with the reference policy's log-probs of the policy tokens.
 func refLogp(ctx context.Context, ref *torchbridge.Policy, seqs []torchbridge.Sequence, micro int) error {
-	idx := make([]int, len(seqs))
-	for i := range idx {
-		idx[i] = i
-	}
-	for _, c := range chunks(idx, micro) {
-		toks := make([][]int32, len(c))
-		masks := make([][]float32, len(c))
-		for k, i := range c {
-			toks[k], masks[k] = seqs[i].Tokens, seqs[i].Mask
-		}
+	return perMicroBatch(seqs, micro, func(toks [][]int32, masks [][]float32) ([][]float32, error) {
 		lp, _, err := ref.ScoreMasked(ctx, toks, masks)
+		return lp, err
+	}, func(s *torchbridge.Sequence, row []float32) { s.RefLogp = row })
+}
+
+// perMicroBatch runs score over seqs' tokens and masks, micro sequences at
+// a time in order, and hands each sequence its row of the result.
+func perMicroBatch(seqs []torchbridge.Sequence, micro int, score func(toks [][]int32, masks [][]float32) ([][]float32, error),
+	set func(s *torchbridge.Sequence, row []float32)) error {
+	for lo := 0; lo < len(seqs); lo += micro {
+		part := seqs[lo:min(lo+micro, len(seqs))]
+		toks := make([][]int32, len(part))
+		masks := make([][]float32, len(part))
+		for k := range part {
+			toks[k], masks[k] = part[k].Tokens, part[k].Mask
+		}
+		rows, err := score(toks, masks)
 		if err != nil {
 			return err
 		}
-		for k, i := range c {
-			seqs[i].RefLogp = lp[k]
+		for k := range part {
+			set(&part[k], rows[k])
 		}
 	}
 	return nil
