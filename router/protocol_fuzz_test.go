@@ -217,5 +217,13 @@ func FuzzInfoBlock(f *testing.F) {
 		if got := InfoBlocks(text); len(got) != 1 || strings.Count(text, InfoOpen) != 1 || strings.Count(text, InfoClose) != 1 {
 			t.Fatalf("InfoBlock(%q) decodes to %q with blocks %q: want exactly one information block", reply, text, got)
 		}
+		// router.agreement's note, against an earlier call that showed the
+		// same body: still one block, no action, the body unchanged.
+		noted, nbody := InfoBlockNote(tok, reply, []Call{{Model: "m", Reply: body}}, limit)
+		ntext := tok.Decode(toInts(noted))
+		got := InfoBlocks(ntext)
+		if nbody != body || len(got) != 1 || !strings.Contains(got[0], " Agrees with: ") || ParseAction(ntext).Kind != NoAction {
+			t.Fatalf("InfoBlockNote(%q) decodes to %q (body %q): want one block holding the body and the note, and no action", reply, ntext, nbody)
+		}
 	})
 }
