@@ -6,15 +6,19 @@
       of the responses whose first two calls were made, how many asked a third
       model, split by whether the second reply's stated answer is mentioned by
       the first reply (the "agree" route's rule, recal's data.Mentions).
-  python3 docs/results/routing-evouna.py teacher FRONTIER_WORK
+  python3 docs/results/routing-evouna.py teacher FRONTIER_WORK [LOG]
       The "agree" route's rule (fid, chatgpt, then gpt4 when they disagree)
       applied to the test questions' reference answers of a `recal frontier`
       work folder (eval/reference/results-model-*.jsonl): EM, USD and calls
-      per question.
+      per question. With LOG (the outcome log, .jsonl or .jsonl.gz), also
+      the same cascade deciding agreement on the logged reply texts instead
+      of the rendered ones (fid's logged answer in chatgpt's logged reply),
+      scored by the same reference answers: what the rendering adds.
 
 Standard library only; normalisation as recal's data.Normalize (SQuAD's).
 """
 import collections
+import gzip
 import json
 import re
 import string
@@ -65,28 +69,40 @@ def escalation(run, lo, hi):
     print(f"fewer than 2 calls made: {c['fewer than 2 calls made']}")
 
 
-def teacher(work):
+def cascade(res, agreed):
+    n = em = cost = calls = 0
+    for q, d in res.items():
+        n += 1
+        c = d["fid"]["cost"] + d["chatgpt"]["cost"]
+        if agreed(q, d):
+            em, calls = em + d["chatgpt"]["em"], calls + 2
+        else:
+            em, calls, c = em + d["gpt4"]["em"], calls + 3, c + d["gpt4"]["cost"]
+        cost += c
+    return f"{n} questions: EM {em / n:.3f}, {cost / n:.6f} USD and {calls / n:.2f} calls per question"
+
+
+def teacher(work, log=None):
     res = collections.defaultdict(dict)
     for m in ("fid", "chatgpt", "gpt4"):
         for line in open(f"{work}/eval/reference/results-model-{m}.jsonl"):
             o = json.loads(line)
             res[o["id"]][m] = o
-    n = em = cost = calls = 0
-    for d in res.values():
-        n += 1
-        c = d["fid"]["cost"] + d["chatgpt"]["cost"]
-        if agree(d["fid"]["response"], d["chatgpt"]["response"]):
-            em, calls = em + d["chatgpt"]["em"], calls + 2
-        else:
-            em, calls, c = em + d["gpt4"]["em"], calls + 3, c + d["gpt4"]["cost"]
-        cost += c
-    print(f"{n} questions: EM {em / n:.3f}, {cost / n:.6f} USD and {calls / n:.2f} calls per question")
+    print("rendered replies:", cascade(res, lambda q, d: agree(d["fid"]["response"], d["chatgpt"]["response"])))
+    if log is None:
+        return
+    logged = {}
+    with (gzip.open(log, "rt") if log.endswith(".gz") else open(log)) as f:
+        for line in f:
+            o = json.loads(line)
+            logged[(o["question_id"], o["model"])] = o.get("reply") or ""
+    print("logged replies:  ", cascade(res, lambda q, d: mentions(logged[(q, "chatgpt")], logged[(q, "fid")])))
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["escalation"] and len(sys.argv) == 5:
         escalation(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
-    elif sys.argv[1:2] == ["teacher"] and len(sys.argv) == 3:
-        teacher(sys.argv[2])
+    elif sys.argv[1:2] == ["teacher"] and len(sys.argv) in (3, 4):
+        teacher(*sys.argv[2:])
     else:
         sys.exit(__doc__)
