@@ -156,3 +156,47 @@ func Mentions(text, answer string) bool {
 	a := Normalize(answer)
 	return a != "" && strings.Contains(" "+Normalize(text)+" ", " "+a+" ")
 }
+
+// StatedAnswer is reply's text after its last "answer is" (any case),
+// trimmed, trailing periods removed, cut to 8 words, if it has one: the
+// answer a reply in the protocol's form ("The answer is A.") states.
+func StatedAnswer(reply string) (string, bool) {
+	text := strings.TrimSpace(reply)
+	k := strings.LastIndex(strings.ToLower(text), "answer is")
+	if k < 0 {
+		return "", false
+	}
+	text = strings.TrimRight(strings.TrimSpace(text[k+len("answer is"):]), ".")
+	if w := strings.Fields(text); len(w) > 8 {
+		text = strings.Join(w[:8], " ")
+	}
+	return text, true
+}
+
+// ShortAnswer is the answer a reply states, for agreement: its
+// StatedAnswer, else the whole reply (trimmed, trailing periods removed)
+// when it is of at most five words (a short reply, such as a reader's
+// extracted span, is its own answer); none for an empty stated answer or a
+// longer reply without "answer is".
+func ShortAnswer(reply string) (string, bool) {
+	if a, ok := StatedAnswer(reply); ok {
+		return a, a != ""
+	}
+	text := strings.TrimRight(strings.TrimSpace(reply), ".")
+	if w := strings.Fields(text); len(w) == 0 || len(w) > 5 {
+		return "", false
+	}
+	return text, true
+}
+
+// Agree reports whether two replies agree: one's ShortAnswer is mentioned
+// (Mentions) by the other, either way round. Read it on what the models
+// wrote (a replayed reply's evidence, not its rendering): router.agreement's
+// note, the "agree" warm-up and the cascade baseline all decide by it.
+func Agree(x, y string) bool {
+	if a, ok := ShortAnswer(x); ok && Mentions(y, a) {
+		return true
+	}
+	b, ok := ShortAnswer(y)
+	return ok && Mentions(x, b)
+}

@@ -175,3 +175,45 @@ func TestMentions(t *testing.T) {
 		}
 	}
 }
+
+func TestShortAnswer(t *testing.T) {
+	cases := []struct {
+		reply, want string
+		ok          bool
+	}{
+		{"The answer is Lagos State.", "Lagos State", true},
+		{"Lagos, I think. The answer is Lagos.", "Lagos", true}, // the last "answer is"
+		{"the ANSWER IS one two three four five six seven eight nine.", "one two three four five six seven eight", true},
+		{"The answer is .", "", false},
+		{"  Lagos State.  ", "Lagos State", true},                    // a short reply is its own answer
+		{"It is the largest city of Nigeria by far.", "", false},     // a longer one states none
+		{"one two three four five", "one two three four five", true}, // five words
+		{"one two three four five six", "", false},
+		{"", "", false},
+	}
+	for _, c := range cases {
+		if got, ok := ShortAnswer(c.reply); got != c.want || ok != c.ok {
+			t.Errorf("ShortAnswer(%q) = %q, %v, want %q, %v", c.reply, got, ok, c.want, c.ok)
+		}
+	}
+}
+
+func TestAgree(t *testing.T) {
+	cases := []struct {
+		x, y string
+		want bool
+	}{
+		{"Lagos", "Most sources name Lagos, the largest city.", true}, // the short one's answer in the long one
+		{"Most sources name Lagos, the largest city.", "Lagos", true}, // either way round
+		{"The answer is Lagos.", "The answer is Lagos State.", true},  // whole words of the longer answer
+		{"The answer is Abuja.", "The answer is Lagos State.", false},
+		{"Most sources name Lagos.", "Some name Lagos, some Abuja, in prose.", false}, // two long replies state no answer
+		{"I don't know.", "", false},
+		{"", "", false},
+	}
+	for _, c := range cases {
+		if got := Agree(c.x, c.y); got != c.want {
+			t.Errorf("Agree(%q, %q) = %v, want %v", c.x, c.y, got, c.want)
+		}
+	}
+}

@@ -87,14 +87,19 @@ func (c cascadeRouter) Answer(ctx context.Context, qs []data.Example) ([]rollout
 				ans = ""
 			}
 			res := &out[i]
-			res.Calls = append(res.Calls, router.Call{Model: r.Model, Query: qs[i].Question, Reply: r.Text, Failed: r.Failed,
-				Cached: r.Cached, Cost: r.Cost, Latency: r.Latency})
+			call := router.Call{Model: r.Model, Query: qs[i].Question, Reply: r.Text, Evidence: r.Evidence, Failed: r.Failed,
+				Cached: r.Cached, Cost: r.Cost, Latency: r.Latency}
+			res.Calls = append(res.Calls, call)
 			res.Cost += r.Cost
 			res.Answer, res.Response = ans, r.Text
-			if c.rule.Stop(k, baselines.Support(ans, replies[i]), c.s.CascadeThreshold) {
+			support := 0
+			if !r.Failed {
+				support = baselines.Support(call.Written(), replies[i])
+				replies[i] = append(replies[i], call.Written())
+			}
+			if c.rule.Stop(k, support, c.s.CascadeThreshold) {
 				continue
 			}
-			replies[i] = append(replies[i], r.Text)
 			next = append(next, i)
 		}
 		active = next

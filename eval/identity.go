@@ -95,6 +95,10 @@ var inputParts = map[string]func(s Setup) (any, error){
 		if err != nil {
 			return nil, err
 		}
+		agreement := 0
+		if rc.Agreement {
+			agreement = router.AgreementVersion
+		}
 		onRepeat := "" // "ban" (or unset), as results made before on_repeat existed
 		if rc.NoRepeatNGram > 0 && rc.OnRepeat == router.OnRepeatClose {
 			onRepeat = rc.OnRepeat
@@ -108,11 +112,11 @@ var inputParts = map[string]func(s Setup) (any, error){
 			SearchNames                      bool    `json:",omitempty"`
 			CallFirst                        bool    `json:",omitempty"`
 			MatchClose                       bool    `json:",omitempty"`
-			Agreement                        bool    `json:",omitempty"`
+			Agreement                        int     `json:",omitempty"` // router.AgreementVersion when on
 			Budget                           float64 `json:",omitempty"` // Env.MaxCostUSD
 			Engine                           int     `json:",omitempty"`
 		}{rc.MaxTurns, rc.TurnTokens, rc.InfoTokens, tmpl, rc.NoRepeatNGram, onRepeat, rc.AnswerSpan, rc.SearchNames, rc.CallFirst, rc.MatchClose,
-			rc.Agreement, s.Env.MaxCostUSD, router.DecodeVersion}, nil
+			agreement, s.Env.MaxCostUSD, router.DecodeVersion}, nil
 	},
 	// pool: the models as configured, less the settings that change how
 	// calls are made but not what they answer.

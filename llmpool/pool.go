@@ -81,6 +81,13 @@ type Response struct {
 	Latency time.Duration
 	// Cached is true when the reply came from the cache.
 	Cached bool
+	// Evidence is what the model wrote when Text is not it: a replayed reply
+	// rendered from its judgment (render = "judgment") has the logged reply
+	// here. Empty otherwise (Text is what the model wrote). Agreement
+	// between replies (router.agreement, the "agree" warm-up) is read on
+	// it, so that a rendered reply tells a policy no more about which
+	// replies agree than the models' own words do.
+	Evidence string
 	// Failed is true when no reply could be had; Text is then the failure text.
 	Failed bool
 	// Err is why the call failed; nil unless Failed.
@@ -368,6 +375,9 @@ func (p *Pool) success(ctx context.Context, start time.Time, m *poolModel, c com
 		Model: m.info.Name, Text: c.Text, InputTokens: c.InputTokens, OutputTokens: c.OutputTokens,
 		TokensEstimated: c.Estimated, Cost: cost(m.info, c.InputTokens, c.OutputTokens),
 		Latency: time.Since(start), Cached: cached,
+	}
+	if c.Evidence != "" {
+		r.Evidence = p.scrub(c.Evidence)
 	}
 	if c.Cost != nil {
 		r.Cost = *c.Cost

@@ -51,6 +51,10 @@ type completion struct {
 	// "replay"), reported instead of the call's wall time so that replayed
 	// runs are identical byte for byte.
 	Latency *time.Duration
+	// Evidence is what the model wrote when Text is rendered from a
+	// judgment instead (provider "replay", render "judgment", a row with
+	// reply text); empty otherwise. See Response.Evidence.
+	Evidence string
 }
 
 // offlineProvider is implemented by providers that answer from a file

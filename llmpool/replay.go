@@ -180,6 +180,11 @@ func (r *replay) quote(q *Question) (completion, bool) {
 func (r *replay) answer(row outcomes.Row) completion {
 	text := strings.TrimSpace(cutRunes(strings.TrimSpace(r.render.Text(row, r.cfg.Render)), r.cfg.MaxReplyChars))
 	c := completion{Text: text, Attempts: 1}
+	if row.Reply != nil && r.cfg.Render != RenderText {
+		// The render is what the policy reads; agreement is read on what
+		// the model wrote (Response.Evidence).
+		c.Evidence = strings.TrimSpace(cutRunes(strings.TrimSpace(*row.Reply), r.cfg.MaxReplyChars))
+	}
 	if row.InputTokens != nil {
 		c.InputTokens = *row.InputTokens
 	} else {

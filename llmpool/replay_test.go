@@ -52,18 +52,19 @@ func TestReplayAnswersFromTheLog(t *testing.T) {
 	cases := []struct {
 		model, id string
 		text      string
+		evidence  string // what the model wrote, when text is rendered from the judgment
 		in, out   int
 		cost      float64
 		estimated bool
 	}{
-		{"big", "nq/1", "Hamlet was written by William Shakespeare.", 20, 9, 0.5, false},
-		{"big", "nq/2", "Saturn is the largest.", 0, 0, 0, true},
-		{"small", "nq/1", "The answer is William Shakespeare.", 0, 0, 0, true},
-		{"small", "nq/2", "The answer is Paris.", 0, 0, 0, true}, // no text: another question's golden answer
-		{"big-judged", "nq/1", "The answer is William Shakespeare.", 20, 9, 0.5, false},
-		{"big-judged", "nq/2", "The answer is Saturn.", 0, 0, 0, true}, // judged wrong: the answer the model stated
-		{"big-judged", "nq/3", "The answer is Paris.", 0, 0, 0, true},  // output tokens: of what the model wrote
-		{"big-short", "nq/1", "Hamlet", 20, 9, 0.5, false},
+		{"big", "nq/1", "Hamlet was written by William Shakespeare.", "", 20, 9, 0.5, false},
+		{"big", "nq/2", "Saturn is the largest.", "", 0, 0, 0, true},
+		{"small", "nq/1", "The answer is William Shakespeare.", "", 0, 0, 0, true}, // no text: nothing else to show
+		{"small", "nq/2", "The answer is Paris.", "", 0, 0, 0, true},               // no text: another question's golden answer
+		{"big-judged", "nq/1", "The answer is William Shakespeare.", "Hamlet was written by William Shakespeare.", 20, 9, 0.5, false},
+		{"big-judged", "nq/2", "The answer is Saturn.", "Saturn is the largest.", 0, 0, 0, true},                              // judged wrong: the answer the model stated
+		{"big-judged", "nq/3", "The answer is Paris.", "It is Paris, the capital and largest city of France.", 0, 0, 0, true}, // output tokens: of what the model wrote
+		{"big-short", "nq/1", "Hamlet", "", 20, 9, 0.5, false},
 	}
 	for _, c := range cases {
 		t.Run(c.model+"/"+c.id, func(t *testing.T) {
@@ -73,6 +74,9 @@ func TestReplayAnswersFromTheLog(t *testing.T) {
 			}
 			if r.Text != c.text {
 				t.Errorf("text %q, want %q (the logged outcome of this question and model)", r.Text, c.text)
+			}
+			if r.Evidence != c.evidence {
+				t.Errorf("evidence %q, want %q (the logged reply when the text is rendered, else none)", r.Evidence, c.evidence)
 			}
 			if !c.estimated && (r.InputTokens != c.in || r.OutputTokens != c.out || r.Cost != c.cost || r.TokensEstimated) {
 				t.Errorf("tokens %d/%d cost %v estimated %v, want the log's %d/%d and %v", r.InputTokens, r.OutputTokens, r.Cost, r.TokensEstimated, c.in, c.out, c.cost)

@@ -73,10 +73,12 @@ type Config struct {
 	MatchClose bool `toml:"match_close"`
 	// Agreement adds a note to each observation after the first:
 	// "Agrees with: fid." naming the earlier replies of the response that
-	// mention this reply's stated answer (AgreementNote), or "Agrees with:
-	// none.". It is computed from the replies alone, as a deployment
-	// would compute it, and reads no label; it spares a small policy the
-	// string comparison a large one does by reading. false = off.
+	// agree with this one (one's short answer mentioned by the other,
+	// either way round: Agreeing), or "Agrees with: none.". It is computed
+	// from what the models wrote (a replayed reply's logged text, not its
+	// rendering), as a deployment would compute it, and reads no label; it
+	// spares a small policy the string comparison a large one does by
+	// reading. false = off.
 	Agreement bool `toml:"agreement"`
 }
 

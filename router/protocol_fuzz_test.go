@@ -219,7 +219,7 @@ func FuzzInfoBlock(f *testing.F) {
 		}
 		// router.agreement's note, against an earlier call that showed the
 		// same body: still one block, no action, the body unchanged.
-		noted, nbody := InfoBlockNote(tok, reply, []Call{{Model: "m", Reply: body}}, limit)
+		noted, nbody := InfoBlockNote(tok, Call{Reply: reply, Evidence: reply}, []Call{{Model: "m", Reply: body}}, limit)
 		ntext := tok.Decode(toInts(noted))
 		got := InfoBlocks(ntext)
 		if nbody != body || len(got) != 1 || !strings.Contains(got[0], " Agrees with: ") || ParseAction(ntext).Kind != NoAction {

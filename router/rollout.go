@@ -32,9 +32,13 @@ type Pool interface {
 
 // Call records one pool call of a response.
 type Call struct {
-	Model      string        `json:"model"` // pool name, or what the policy wrote when unknown
-	Query      string        `json:"query"`
-	Reply      string        `json:"reply"`       // the text inside the <information> block: the reply or failure text, sanitised and cut (see InfoBlock)
+	Model string `json:"model"` // pool name, or what the policy wrote when unknown
+	Query string `json:"query"`
+	Reply string `json:"reply"` // the text inside the <information> block: the reply or failure text, sanitised and cut (see InfoBlock)
+	// Evidence is what the model wrote when Reply is rendered from a
+	// judgment (llmpool.Response.Evidence: a replayed reply); agreement
+	// (Agreeing) is read on it. Empty when Reply is what the model wrote.
+	Evidence   string        `json:"evidence,omitempty"`
 	ReplyBytes int           `json:"reply_bytes"` // length in bytes of the reply or failure text before the cut
 	Failed     bool          `json:"failed"`
 	Unknown    bool          `json:"unknown,omitempty"` // the name matched no pool model (or none the response may call): no call was made

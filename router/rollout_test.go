@@ -404,17 +404,27 @@ func TestAgreementNote(t *testing.T) {
 		{Model: "fid", Reply: "The answer is Lagos State."},
 		{Model: "gpt35", Reply: "[pool error: model gpt35 unavailable]", Failed: true},
 		{Model: "chatgpt", Reply: "Lagos, I think. The answer is Lagos."},
+		// a replayed reply rendered from its judgment: agreement reads what the model wrote
+		{Model: "gpt4", Reply: "The answer is Ibadan.", Evidence: "Most sources name Ibadan, though some say Abuja."},
 	}
-	cases := []struct{ reply, want string }{
-		{"The answer is Lagos.", " Agrees with: fid, chatgpt."}, // whole words inside a longer answer
-		{"The answer is lagos state", " Agrees with: fid."},
-		{"The answer is Abuja.", " Agrees with: none."},
-		{"Lagos", " Agrees with: none."},                     // states no answer
-		{"The answer is pool error.", " Agrees with: none."}, // failed calls agree with nothing
+	cases := []struct {
+		c    Call
+		want string
+	}{
+		{Call{Reply: "The answer is Lagos."}, " Agrees with: fid, chatgpt."},      // whole words inside a longer answer
+		{Call{Reply: "The answer is lagos state"}, " Agrees with: fid, chatgpt."}, // chatgpt's "Lagos" is in this one: either way round
+		{Call{Reply: "The answer is Abuja."}, " Agrees with: gpt4."},              // gpt4 wrote it, though its rendered reply says Ibadan
+		{Call{Reply: "The answer is Ibadan."}, " Agrees with: gpt4."},
+		{Call{Reply: "Lagos"}, " Agrees with: fid, chatgpt."},                                               // a short reply is its own answer
+		{Call{Reply: "Lagos is a state of Nigeria and its largest city by far."}, " Agrees with: chatgpt."}, // a long one states none, but may mention another's
+		{Call{Reply: "The answer is Abuja.", Evidence: "Lagos State"}, " Agrees with: fid, chatgpt."},       // read on the evidence, not the rendered text
+		{Call{Reply: "The answer is pool error."}, " Agrees with: none."},                                   // failed calls agree with nothing
+		{Call{Reply: "The answer is Lagos.", Failed: true}, " Agrees with: none."},                          // nor does a failed reply itself
+		{Call{Reply: "The answer is ."}, " Agrees with: none."},
 	}
 	for _, c := range cases {
-		if got := AgreementNote(c.reply, earlier); got != c.want {
-			t.Errorf("AgreementNote(%q) = %q, want %q", c.reply, got, c.want)
+		if got := AgreementNote(c.c, earlier); got != c.want {
+			t.Errorf("AgreementNote(%+v) = %q, want %q", c.c, got, c.want)
 		}
 	}
 }

@@ -212,7 +212,7 @@ func (e *Scheduler) call(p *Pending, a Action) {
 		}
 		// The reply is cut and encoded here, off the decode loop, so a
 		// long one delays only its own row.
-		block, body := InfoBlockNote(e.tok, c.Reply, earlier, e.cfg.InfoTokens)
+		block, body := InfoBlockNote(e.tok, c, earlier, e.cfg.InfoTokens)
 		c.Reply, c.ReplyBytes = body, len(c.Reply)
 		if p.opt.OnCall != nil && p.ctx.Err() == nil {
 			p.opt.OnCall(c)
@@ -260,7 +260,7 @@ func callPool(ctx context.Context, pool Pool, a Action, q *llmpool.Question, tur
 			Reply: fmt.Sprintf(UnknownModelText, truncate(a.Model, 64), "see the model list in the prompt")}
 	}
 	resp := pool.Call(ctx, llmpool.Request{Model: info.Name, Query: a.Query, Question: q})
-	return Call{Model: info.Name, Query: a.Query, Reply: resp.Text, Failed: resp.Failed, Cached: resp.Cached,
+	return Call{Model: info.Name, Query: a.Query, Reply: resp.Text, Evidence: resp.Evidence, Failed: resp.Failed, Cached: resp.Cached,
 		Cost: resp.Cost, Latency: resp.Latency, Turn: turn,
 		PromptTokens: resp.InputTokens, CompletionTokens: resp.OutputTokens, TokensEstimated: resp.TokensEstimated}
 }
@@ -281,14 +281,15 @@ const ReplyBytesPerToken = 16
 // (EncodePlain: "<|im_end|>" in a reply is text, not a control token) and
 // cut to at most limit tokens. Only the wrapping is recal's own.
 func InfoBlock(tok Tokenizer, reply string, limit int) (block []int32, body string) {
-	return InfoBlockNote(tok, reply, nil, limit)
+	return InfoBlockNote(tok, Call{Reply: reply}, nil, limit)
 }
 
-// InfoBlockNote is InfoBlock with router.agreement's note on the reply
-// (AgreementNote against earlier, the bodies of the response's earlier
-// calls) after BODY, inside the block; BODY is still the reply alone. No
-// note without earlier calls.
-func InfoBlockNote(tok Tokenizer, reply string, earlier []Call, limit int) (block []int32, body string) {
+// InfoBlockNote is InfoBlock of c.Reply with router.agreement's note on c
+// (AgreementNote against earlier, the response's earlier calls as shown)
+// after BODY, inside the block; BODY is still the reply alone. No note
+// without earlier calls.
+func InfoBlockNote(tok Tokenizer, c Call, earlier []Call, limit int) (block []int32, body string) {
+	reply := c.Reply
 	limit = max(limit, 0)
 	maxBytes := math.MaxInt
 	if limit < math.MaxInt/ReplyBytesPerToken {
@@ -302,55 +303,58 @@ func InfoBlockNote(tok Tokenizer, reply string, earlier []Call, limit int) (bloc
 	block = toInt32(tok.Encode("\n\n" + InfoOpen))
 	block = append(block, toInt32(ids)...)
 	if len(earlier) > 0 {
-		block = append(block, toInt32(tok.EncodePlain(AgreementNote(body, earlier)))...)
+		c.Reply = body
+		block = append(block, toInt32(tok.EncodePlain(AgreementNote(c, earlier)))...)
 	}
 	block = append(block, toInt32(tok.Encode(InfoClose+"\n\n"))...)
 	return block, body
 }
 
+// AgreementVersion changes when Agreeing decides differently (eval's
+// identity holds it when router.agreement is on, so results made under an
+// earlier rule are not resumed). 2: read on what the models wrote
+// (Call.Evidence), both ways, a short reply being its own answer (before:
+// the shown replies, one way, "answer is" only).
+const AgreementVersion = 2
+
 // Agreeing names, in call order and each once, the models of the earlier
-// calls whose reply mentions reply's stated answer (StatedAnswer;
-// data.Mentions: its normalised words as a run of whole words); none when
-// reply states no answer. Failed calls (errors, refusals) agree with
-// nothing. It is router.agreement's note and the "agree" warm-up route's
-// stopping rule.
-func Agreeing(reply string, earlier []Call) []string {
-	a, ok := StatedAnswer(reply)
-	if !ok {
+// calls that agree with c (data.Agree: one's short answer is mentioned by
+// the other's text as a run of whole words, either way round). Both are
+// read on what the models wrote
+// (Call.Evidence when set, else Call.Reply), so a replayed reply rendered
+// from its judgment agrees as often as the logged reply it stands for.
+// Failed calls (errors, refusals) agree with nothing. It is
+// router.agreement's note and the "agree" warm-up route's stopping rule.
+func Agreeing(c Call, earlier []Call) []string {
+	if c.Failed {
 		return nil
 	}
 	var same []string
-	for _, c := range earlier {
-		if !c.Failed && data.Mentions(c.Reply, a) && !slices.Contains(same, c.Model) {
-			same = append(same, c.Model)
+	for _, e := range earlier {
+		if !e.Failed && !slices.Contains(same, e.Model) && data.Agree(c.Written(), e.Written()) {
+			same = append(same, e.Model)
 		}
 	}
 	return same
 }
 
-// AgreementNote is router.agreement's note on reply: " Agrees with: M1,
-// M2." naming the Agreeing models, or " Agrees with: none.".
-func AgreementNote(reply string, earlier []Call) string {
-	same := Agreeing(reply, earlier)
+// Written is what the call's model wrote: Evidence when the reply shown is
+// rendered, else the reply.
+func (c Call) Written() string {
+	if c.Evidence != "" {
+		return c.Evidence
+	}
+	return c.Reply
+}
+
+// AgreementNote is router.agreement's note on c: " Agrees with: M1, M2."
+// naming the Agreeing models, or " Agrees with: none.".
+func AgreementNote(c Call, earlier []Call) string {
+	same := Agreeing(c, earlier)
 	if len(same) == 0 {
 		return " Agrees with: none."
 	}
 	return " Agrees with: " + strings.Join(same, ", ") + "."
-}
-
-// StatedAnswer is reply's text after its last "answer is" (any case),
-// trimmed, trailing periods removed, cut to 8 words, if it has one.
-func StatedAnswer(reply string) (string, bool) {
-	text := strings.TrimSpace(reply)
-	k := strings.LastIndex(strings.ToLower(text), "answer is")
-	if k < 0 {
-		return "", false
-	}
-	text = strings.TrimRight(strings.TrimSpace(text[k+len("answer is"):]), ".")
-	if w := strings.Fields(text); len(w) > 8 {
-		text = strings.Join(w[:8], " ")
-	}
-	return text, true
 }
 
 // sanitizeReply trims a pool reply and removes protocol tags from it, so an

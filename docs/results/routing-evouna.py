@@ -4,8 +4,11 @@
   python3 docs/results/routing-evouna.py escalation RUN_DIR FIRST LAST
       For the training rollouts of GRPO steps FIRST..LAST (RUN_DIR/rollouts.jsonl):
       of the responses whose first two calls were made, how many asked a third
-      model, split by whether the second reply's stated answer is mentioned by
-      the first reply (the "agree" route's rule, recal's data.Mentions).
+      model, split by whether the first two replies agree: router.Agreeing's
+      rule (version 2: on what the models wrote, the calls' "evidence" when
+      the rollouts have it, either way round, a reply of at most five words
+      its own answer); for runs made before evidence was recorded, version 1
+      (the second reply's stated answer mentioned by the first reply).
   python3 docs/results/routing-evouna.py teacher FRONTIER_WORK [LOG]
       The "agree" route's rule (fid, chatgpt, then gpt4 when they disagree)
       applied to the test questions' reference answers of a `recal frontier`
@@ -13,7 +16,9 @@
       per question. With LOG (the outcome log, .jsonl or .jsonl.gz), also
       the same cascade deciding agreement on the logged reply texts instead
       of the rendered ones (fid's logged answer in chatgpt's logged reply),
-      scored by the same reference answers: what the rendering adds.
+      scored by the same reference answers: what the rendering adds; and
+      deciding it by router.Agreeing version 2 on the logged texts, which is
+      what the policy's note reads since replay evidence.
 
 Standard library only; normalisation as recal's data.Normalize (SQuAD's).
 """
@@ -50,6 +55,25 @@ def agree(first, second):
     return a is not None and mentions(first, a)
 
 
+def short(reply):
+    """router.ShortAnswer: the stated answer, else a reply of at most five words."""
+    a = stated(reply)
+    if a is not None:
+        return a or None
+    text = reply.strip().rstrip(".")
+    return text if 0 < len(text.split()) <= 5 else None
+
+
+def agree2(x, y):
+    """router.Agreeing, version 2, on two texts the models wrote."""
+    a, b = short(x), short(y)
+    return (a is not None and mentions(y, a)) or (b is not None and mentions(x, b))
+
+
+def written(call):
+    return call.get("evidence") or call["reply"]
+
+
 def escalation(run, lo, hi):
     c = collections.Counter()
     for line in open(run + "/rollouts.jsonl"):
@@ -60,7 +84,11 @@ def escalation(run, lo, hi):
         if len(calls) < 2 or calls[0].get("failed") or calls[1].get("failed"):
             c["fewer than 2 calls made"] += 1
             continue
-        key = "agree" if agree(calls[0]["reply"], calls[1]["reply"]) else "disagree"
+        if any("evidence" in c for c in calls):
+            agreed = agree2(written(calls[0]), written(calls[1]))
+        else:
+            agreed = agree(calls[0]["reply"], calls[1]["reply"])
+        key = "agree" if agreed else "disagree"
         c[(key, "escalated" if len(calls) > 2 else "stopped")] += 1
     for key in ("agree", "disagree"):
         esc, stop = c[(key, "escalated")], c[(key, "stopped")]
@@ -97,6 +125,8 @@ def teacher(work, log=None):
             o = json.loads(line)
             logged[(o["question_id"], o["model"])] = o.get("reply") or ""
     print("logged replies:  ", cascade(res, lambda q, d: mentions(logged[(q, "chatgpt")], logged[(q, "fid")])))
+    print("logged, rule v2: ", cascade(res, lambda q, d: agree2(logged[(q, "fid")] or d["fid"]["response"],
+                                                               logged[(q, "chatgpt")] or d["chatgpt"]["response"])))
 
 
 if __name__ == "__main__":

@@ -24,9 +24,12 @@ import (
 //
 // The stopping rule (replies agreeing, FrugalGPT's scorer reduced to one
 // feature): after asking the k-th model of the chain (k = 0, 1, ...), its
-// answer a_k is supported by the j-th earlier reply when a_k's normalised
-// text (data.Normalize) occurs in that reply's normalised text as whole
-// words. The score of stopping is the rate, on the matrix, at which the
+// reply is supported by each earlier reply that agrees with it (data.Agree,
+// router.agreement's rule: one's short answer occurs in the other's
+// normalised text as whole words, either way round), both read on what the
+// models wrote (a replayed reply's evidence, not its rendering: Support).
+// A failed call supports nothing and is supported by nothing. The score of
+// stopping is the rate, on the matrix, at which the
 // k-th model's answer scored an exact match when the same number of earlier
 // replies supported it, add-one smoothed ((right + 1) / (n + 2)). The
 // cascade stops at the first k whose score is at least the threshold. A
@@ -44,7 +47,15 @@ type CascadeRule struct {
 	N     [][]int     `json:"n"`
 	// Matrix is the digest of the outcome matrix fitted on.
 	Matrix string `json:"matrix"`
+	// Agreement is the version of the support rule (CascadeAgreement).
+	Agreement int `json:"agreement"`
 }
+
+// CascadeAgreement is the support rule's version, in a fitted rule's
+// digest so that results of an earlier rule are not resumed. 2: data.Agree
+// on what the models wrote (before: the reply's extracted answer in the
+// earlier rendered replies, one way).
+const CascadeAgreement = 2
 
 // ErrThreshold: a cascade threshold outside [0, 1].
 var ErrThreshold = errors.New("baselines: cascade threshold out of range")
@@ -87,7 +98,7 @@ func FitCascade(m *Matrix) (*CascadeRule, error) {
 			best = meanEM[j]
 		}
 	}
-	r := &CascadeRule{Matrix: m.Digest}
+	r := &CascadeRule{Matrix: m.Digest, Agreement: CascadeAgreement}
 	right := make([][]int, len(chain))
 	r.N = make([][]int, len(chain))
 	for k, j := range chain {
@@ -95,14 +106,17 @@ func FitCascade(m *Matrix) (*CascadeRule, error) {
 		right[k], r.N[k] = make([]int, k+1), make([]int, k+1)
 	}
 	for i := range n {
-		var replies []string
+		var replies []string // the earlier replies that did not fail
 		for k, j := range chain {
-			s := Support(m.Answers[i][j], replies)
+			s := 0
+			if !m.Failed[i][j] {
+				s = Support(m.Replies[i][j], replies)
+				replies = append(replies, m.Replies[i][j])
+			}
 			r.N[k][s]++
 			if m.EM[i][j] == 1 && !m.Failed[i][j] {
 				right[k][s]++
 			}
-			replies = append(replies, m.Replies[i][j])
 		}
 	}
 	r.Score = make([][]float64, len(chain))
@@ -115,12 +129,13 @@ func FitCascade(m *Matrix) (*CascadeRule, error) {
 	return r, nil
 }
 
-// Support counts the replies that state answer: whose normalised text holds
-// answer's normalised text as whole words. An empty answer has none.
-func Support(answer string, replies []string) int {
+// Support counts the earlier replies that agree with reply (data.Agree).
+// Give each as its model wrote it (llmpool.Response.Evidence when set,
+// Outcome.Evidence), and leave failed calls out.
+func Support(reply string, earlier []string) int {
 	n := 0
-	for _, r := range replies {
-		if data.Mentions(r, answer) {
+	for _, e := range earlier {
+		if data.Agree(reply, e) {
 			n++
 		}
 	}

@@ -90,19 +90,22 @@ func TestFitCascade(t *testing.T) {
 
 func TestSupport(t *testing.T) {
 	cases := []struct {
-		answer  string
-		replies []string
+		reply   string
+		earlier []string
 		want    int
 	}{
-		{"Paris", []string{"The answer is Paris.", "It is paris, France", "Parisian"}, 2},
-		{"the Beatles", []string{"Beatles!"}, 1},
+		{"The answer is Paris.", []string{"The answer is Paris.", "It is paris, France", "Parisian"}, 2},
+		{"The answer is the Beatles.", []string{"Beatles!"}, 1},
+		{"Paris", []string{"Most say the capital is Paris, in prose."}, 1},                         // a short reply is its own answer
+		{"Most say the capital is Paris, in prose.", []string{"Paris", "The answer is Paris."}, 2}, // either way round
+		{"Most say the capital is Paris, in prose.", []string{"It is Paris, as everyone agrees there."}, 0},
 		{"", []string{"anything"}, 0},
 		{"Ford", []string{"Affordable"}, 0},
 		{"x", nil, 0},
 	}
 	for _, c := range cases {
-		if got := Support(c.answer, c.replies); got != c.want {
-			t.Errorf("Support(%q, %q) = %d, want %d", c.answer, c.replies, got, c.want)
+		if got := Support(c.reply, c.earlier); got != c.want {
+			t.Errorf("Support(%q, %q) = %d, want %d", c.reply, c.earlier, got, c.want)
 		}
 	}
 }

@@ -117,7 +117,7 @@ func Collect(ctx context.Context, dir string, o CollectOptions) (CollectStats, e
 			}
 			j := part[i]
 			out := Outcome{QuestionID: j.q.ID, Dataset: j.q.Dataset, Question: j.q.Question, Golden: j.q.Golden,
-				Model: j.model, Reply: r.Text, InputTokens: r.InputTokens, OutputTokens: r.OutputTokens,
+				Model: j.model, Reply: r.Text, Evidence: r.Evidence, InputTokens: r.InputTokens, OutputTokens: r.OutputTokens,
 				TokensEstimated: r.TokensEstimated, Cost: r.Cost, LatencyMS: float64(r.Latency.Microseconds()) / 1000,
 				Cached: r.Cached, Failed: r.Failed}
 			if r.Failed {

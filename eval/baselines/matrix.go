@@ -91,6 +91,10 @@ type Outcome struct {
 	Golden     []string `json:"golden_answers"`
 	Model      string   `json:"model"`
 	Reply      string   `json:"reply"`
+	// Evidence is what the model wrote when Reply is rendered from a
+	// judgment (llmpool.Response.Evidence); the cascade reads agreement on
+	// it. Absent otherwise.
+	Evidence string `json:"evidence,omitempty"`
 	// Answer is the short answer taken out of the reply (eval's extraction);
 	// "" when the call failed.
 	Answer string `json:"answer"`
@@ -128,8 +132,9 @@ type Matrix struct {
 	F1, EM    [][]float64
 	Cost      [][]float64 // USD
 	Failed    [][]bool
-	// Answers and Replies are each call's extracted answer and reply text
-	// (the cascade's stopping rule reads them; not in Digest).
+	// Answers and Replies are each call's extracted answer and reply as its
+	// model wrote it (Outcome.Evidence when set, else Outcome.Reply; the
+	// cascade's stopping rule reads them; not in Digest).
 	Answers, Replies [][]string
 	// Incomplete counts the questions left out for lacking some model's
 	// outcome (an interrupted collect).
@@ -232,6 +237,9 @@ func LoadMatrix(dir string) (*Matrix, error) {
 			j := col[o.Model]
 			f1[j], em[j], cost[j], failed[j] = o.F1, o.EM, o.Cost, o.Failed
 			answers[j], replies[j] = o.Answer, o.Reply
+			if o.Evidence != "" {
+				replies[j] = o.Evidence
+			}
 		}
 		m.Answers, m.Replies = append(m.Answers, answers), append(m.Replies, replies)
 		m.Questions = append(m.Questions, Question{ID: id, Dataset: row[0].Dataset, Text: row[0].Question})

@@ -5,7 +5,7 @@ import (
 	"io"
 	"strings"
 
-	"github.com/recal-project/recal/eval/baselines"
+	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/internal/outcomes"
 	"github.com/recal-project/recal/llmpool"
 )
@@ -39,7 +39,7 @@ type AgreementCell struct {
 // its rendered reply (as eval extracts it); logged, its first stated answer
 // (llmpool.StatedAnswers), or its whole reply when it states none. It
 // "occurs" in B's reply when its normalised text is found there as whole
-// words (baselines.Support).
+// words (data.Mentions).
 func CheckAgreement(l *outcomes.Log, render func(outcomes.Row) string, a, b string) (Agreement, error) {
 	ag := Agreement{A: a, B: b}
 	for c := range ag.Cells {
@@ -60,14 +60,14 @@ func CheckAgreement(l *outcomes.Log, render func(outcomes.Row) string, a, b stri
 			c++
 		}
 		ag.Cells[c].N++
-		if baselines.Support(afterAnswerIs(render(x)), []string{render(y)}) > 0 {
+		if data.Mentions(render(y), afterAnswerIs(render(x))) {
 			agreeR[c]++
 		}
 		stated := *x.Reply
 		if s := llmpool.StatedAnswers(*x.Reply, x.Question); len(s) > 0 {
 			stated = s[0]
 		}
-		if baselines.Support(stated, []string{*y.Reply}) > 0 {
+		if data.Mentions(*y.Reply, stated) {
 			agreeL[c]++
 		}
 	}
