@@ -289,6 +289,15 @@ type SFT struct {
 	// again, one token among the demonstration's many; 0 leaves it its
 	// turn's weight.
 	DecisionWeight float64 `toml:"decision_weight"`
+	// BudgetShare (0 to 1, the "agree" route) is the share of
+	// demonstrations cut by a spent cost budget: after its first reply, or
+	// (when it asked more than two models) after one of its first two drawn
+	// at random, the next call is refused as a spent per-request budget
+	// refuses it (router.BudgetText, no reply) and the demonstration
+	// answers from the last reply it got. It teaches the policy to answer
+	// well under a budget (serve's recal.max_cost_usd, frontier's
+	// --budgets), which it never meets otherwise. 0 = none.
+	BudgetShare float64 `toml:"budget_share"`
 }
 
 // Eval configures evaluation ([eval]).
@@ -623,6 +632,8 @@ func (c *Config) Validate() error {
 		{c.SFT.Steps > 0 && c.SFT.AnswerWeight <= 0, "sft.answer_weight must be > 0"},
 		{c.SFT.DecisionWeight < 0, fmt.Sprintf("sft.decision_weight = %g: must be ≥ 0 (0 = the turn's weight)", c.SFT.DecisionWeight)},
 		{c.SFT.DecisionWeight > 0 && c.SFT.Route != "agree", fmt.Sprintf("sft.decision_weight = %g: only the \"agree\" route reads it (sft.route = %q)", c.SFT.DecisionWeight, c.SFT.Route)},
+		{!(c.SFT.BudgetShare >= 0 && c.SFT.BudgetShare <= 1), fmt.Sprintf("sft.budget_share = %g: must be in [0, 1]", c.SFT.BudgetShare)},
+		{c.SFT.BudgetShare > 0 && c.SFT.Route != "agree", fmt.Sprintf("sft.budget_share = %g: only the \"agree\" route reads it (sft.route = %q)", c.SFT.BudgetShare, c.SFT.Route)},
 		{c.Eval.Batch < 1, "eval.batch must be ≥ 1"},
 	}
 	for _, ch := range checks {

@@ -37,6 +37,9 @@ type DemoOptions struct {
 	// turn that follows a reply (the choice between answering and asking
 	// again) in the "agree" route, in place of its turn's weight.
 	DecisionWeight float32
+	// BudgetShare is the share of the "agree" route's demonstrations cut
+	// by a spent cost budget (config's sft.budget_share).
+	BudgetShare float64
 }
 
 // DemoRoutes are the warm-up's demonstration routes by name (sft.route,
@@ -134,8 +137,9 @@ func buildAgreeDemos(ctx context.Context, env *rollout.Env, qs []data.Example, o
 		var next []int
 		for j, i := range open {
 			earlier := calls[i]
-			calls[i] = append(calls[i], router.Call{Model: model, Reply: replies[j].Text})
-			if k == 0 || len(router.Agreeing(replies[j].Text, earlier)) == 0 {
+			c := router.Call{Model: model, Reply: replies[j].Text, Evidence: replies[j].Evidence, Failed: replies[j].Failed}
+			calls[i] = append(calls[i], c)
+			if k == 0 || len(router.Agreeing(c, earlier)) == 0 {
 				next = append(next, i)
 			}
 		}
@@ -143,9 +147,31 @@ func buildAgreeDemos(ctx context.Context, env *rollout.Env, qs []data.Example, o
 	}
 	out := make([]Demo, len(qs))
 	for i, q := range qs {
-		out[i] = writeDemo(env, prompts[i], q, calls[i], o.AnswerWeight, o.DecisionWeight)
+		out[i] = writeDemo(env, prompts[i], q, budgetCut(calls[i], q.ID, o), o.AnswerWeight, o.DecisionWeight)
 	}
 	return out, nil
+}
+
+// budgetCut is calls as a spent cost budget leaves them, for the share
+// o.BudgetShare of questions drawn by a hash of (seed, question): the
+// first k replies kept (k = 1, or 1 or 2 drawn alike when more than two
+// were asked), then the next model's call refused as router's per-request
+// budget refuses it (BudgetText, no reply, no cost), so the demonstration
+// answers from the k-th reply. Other questions' calls are returned as they
+// are.
+func budgetCut(calls []router.Call, id string, o DemoOptions) []router.Call {
+	if o.BudgetShare <= 0 || len(calls) < 2 {
+		return calls
+	}
+	h := fnv.New64a()
+	fmt.Fprintf(h, "budget/%d/%s", o.Seed, id)
+	v := h.Sum64()
+	if float64(v%1_000_000)/1_000_000 >= o.BudgetShare {
+		return calls
+	}
+	k := 1 + int((v/1_000_000)%uint64(len(calls)-1))
+	out := append([]router.Call(nil), calls[:k]...)
+	return append(out, router.Call{Model: calls[k].Model, Reply: router.BudgetText, Failed: true, Refused: true})
 }
 
 // writeDemo writes the demonstration of q: for each call, think, search
@@ -172,8 +198,8 @@ func writeDemo(env *rollout.Env, prompt []int32, q data.Example, calls []router.
 		if env.Router.Agreement {
 			earlier = shown
 		}
-		info, body := router.InfoBlockNote(tok, c.Reply, earlier, env.Router.InfoTokens)
-		shown = append(shown, router.Call{Model: c.Model, Reply: body})
+		info, body := router.InfoBlockNote(tok, c, earlier, env.Router.InfoTokens)
+		shown = append(shown, router.Call{Model: c.Model, Reply: body, Evidence: c.Evidence, Failed: c.Failed})
 		d.Tokens = append(append(d.Tokens, turn...), info...)
 		for range turn {
 			d.Mask = append(d.Mask, 1)
@@ -183,7 +209,11 @@ func writeDemo(env *rollout.Env, prompt []int32, q data.Example, calls []router.
 		}
 		d.Mask = append(d.Mask, make([]float32, len(info))...)
 	}
-	answer, correct, stated := demoAnswer(calls[len(calls)-1].Reply, q.Golden)
+	last := calls[len(calls)-1]
+	for k := len(calls) - 1; k > 0 && last.Refused; k-- { // a refused call has no reply to answer from
+		last = calls[k-1]
+	}
+	answer, correct, stated := demoAnswer(last.Reply, q.Golden)
 	d.Correct = correct
 	if stated {
 		// A space before the answer: " Paris" is the token the reply has
@@ -203,7 +233,7 @@ func writeDemo(env *rollout.Env, prompt []int32, q data.Example, calls []router.
 }
 
 // demoAnswer is a demonstration's answer to reply: the golden answer it
-// mentions (correct), else its stated answer (router.StatedAnswer), else nothing
+// mentions (correct), else its stated answer (data.StatedAnswer), else nothing
 // to copy ("", false, false).
 func demoAnswer(reply string, golden []string) (answer string, correct, stated bool) {
 	for _, g := range golden {
@@ -211,7 +241,7 @@ func demoAnswer(reply string, golden []string) (answer string, correct, stated b
 			return g, true, true
 		}
 	}
-	a, ok := router.StatedAnswer(reply)
+	a, ok := data.StatedAnswer(reply)
 	return a, false, ok
 }
 
@@ -239,7 +269,7 @@ func runSFT(ctx context.Context, cfg config.Config, env *rollout.Env, r ranks, t
 	}
 	build := func(step int, qs []data.Example) ([]Demo, error) {
 		return route(ctx, denv, qs, DemoOptions{Seed: cfg.Train.Seed + int64(step), AnswerWeight: float32(cfg.SFT.AnswerWeight), Chain: cfg.SFT.Chain,
-			DecisionWeight: float32(cfg.SFT.DecisionWeight)})
+			DecisionWeight: float32(cfg.SFT.DecisionWeight), BudgetShare: cfg.SFT.BudgetShare})
 	}
 	return fitShared(ctx, cfg, env.Engine.Policy, r, train, "sft", build, run.logSFT, log)
 }

@@ -86,10 +86,16 @@ func TestAgreeDemos(t *testing.T) {
 		calls    []string           // the models each demonstration asks
 		answer   string             // the answer it gives: the golden one, or a wrong one
 		correct  bool
+		budget   float64 // DemoOptions.BudgetShare
 	}{
-		{"agree", map[string]float64{"sim-factoid": 1, "sim-multihop": 1, "sim-small": 0}, chain[:2], "golden", true},
-		{"disagree, escalate to a right model", map[string]float64{"sim-factoid": 1, "sim-multihop": 0, "sim-small": 1}, chain, "golden", true},
-		{"disagree, escalate to a wrong model", map[string]float64{"sim-factoid": 0, "sim-multihop": 1, "sim-small": 0}, chain, "wrong", false},
+		{"agree", map[string]float64{"sim-factoid": 1, "sim-multihop": 1, "sim-small": 0}, chain[:2], "golden", true, 0},
+		{"disagree, escalate to a right model", map[string]float64{"sim-factoid": 1, "sim-multihop": 0, "sim-small": 1}, chain, "golden", true, 0},
+		{"disagree, escalate to a wrong model", map[string]float64{"sim-factoid": 0, "sim-multihop": 1, "sim-small": 0}, chain, "wrong", false, 0},
+		// Every demonstration cut by a spent budget: two replies agree, so
+		// the cut falls after the first; the second call is refused and
+		// the answer is the first reply's.
+		{"agree, budget spent", map[string]float64{"sim-factoid": 1, "sim-multihop": 1, "sim-small": 0}, chain[:2], "golden", true, 1},
+		{"disagree, budget spent", map[string]float64{"sim-factoid": 0, "sim-multihop": 0, "sim-small": 1}, nil, "wrong", false, 1},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -108,7 +114,7 @@ func TestAgreeDemos(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer env.Close()
-			demos, err := trainer.DemoRoutes["agree"](context.Background(), env, qs, trainer.DemoOptions{Seed: 7, AnswerWeight: 3, Chain: chain, DecisionWeight: 7})
+			demos, err := trainer.DemoRoutes["agree"](context.Background(), env, qs, trainer.DemoOptions{Seed: 7, AnswerWeight: 3, Chain: chain, DecisionWeight: 7, BudgetShare: c.budget})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -128,9 +134,18 @@ func TestAgreeDemos(t *testing.T) {
 						decisions = append(decisions, eng.Tok.Decode([]int{int(v)}))
 					}
 				}
+				text := eng.Tok.Decode(ids)
+				var asked []string
+				for _, s := range strings.Split(text, router.SearchOpen)[1:] {
+					asked = append(asked, s[:strings.Index(s, ":")])
+				}
+				calls := c.calls
+				if calls == nil && (slices.Equal(asked, chain[:2]) || slices.Equal(asked, chain)) {
+					calls = asked // the cut falls after the first reply or the second, drawn per question
+				}
 				// One decision after each reply: ask again (a turn opening
 				// with <think>) or answer; the last is the answer.
-				ok := len(decisions) == len(c.calls)
+				ok := len(decisions) == len(calls)
 				for k, tk := range decisions {
 					open := router.ThinkOpen
 					if k == len(decisions)-1 {
@@ -139,19 +154,14 @@ func TestAgreeDemos(t *testing.T) {
 					ok = ok && strings.HasPrefix(open, tk)
 				}
 				if !ok || decisions[0] == decisions[len(decisions)-1] {
-					t.Errorf("question %d: decision tokens %q, want %d, each opening <think> but the last, which opens <answer>", i, decisions, len(c.calls))
+					t.Errorf("question %d: decision tokens %q, want %d, each opening <think> but the last, which opens <answer>", i, decisions, len(calls))
 				}
-				text := eng.Tok.Decode(ids)
-				var asked []string
-				for _, s := range strings.Split(text, router.SearchOpen)[1:] {
-					asked = append(asked, s[:strings.Index(s, ":")])
-				}
-				if !slices.Equal(asked, c.calls) {
-					t.Errorf("question %d asks %q, want %q:\n%s", i, asked, c.calls, text)
+				if !slices.Equal(asked, calls) {
+					t.Errorf("question %d asks %q, want %q:\n%s", i, asked, calls, text)
 				}
 				blocks := router.InfoBlocks(text)
-				if len(blocks) != len(c.calls) {
-					t.Errorf("question %d: %d information blocks, want %d", i, len(blocks), len(c.calls))
+				if len(blocks) != len(calls) {
+					t.Errorf("question %d: %d information blocks, want %d", i, len(blocks), len(calls))
 				}
 				// router.agreement's notes, as rollouts write them.
 				wantNote := " Agrees with: none."
@@ -160,6 +170,13 @@ func TestAgreeDemos(t *testing.T) {
 				}
 				if len(blocks) > 1 && (strings.Contains(blocks[0], "Agrees") || !strings.HasSuffix(blocks[1], wantNote)) {
 					t.Errorf("question %d: blocks %q, want no note on the first and %q on the second", i, blocks, wantNote)
+				}
+				// A spent budget: the last call refused as the router refuses
+				// it, and only that one.
+				for k, b := range blocks {
+					if refused := strings.HasPrefix(b, router.BudgetText); refused != (c.budget == 1 && k == len(blocks)-1) {
+						t.Errorf("question %d, block %d: %q, refused %v, want only the last refused with budget share %g", i, k, b, refused, c.budget)
+					}
 				}
 				ans, ok := router.LastAnswer(text)
 				if !ok {
@@ -170,8 +187,8 @@ func TestAgreeDemos(t *testing.T) {
 				}
 				// The replies never train: what trains is the policy's turns.
 				policy := eng.Tok.Decode(trained)
-				if strings.Contains(policy, router.InfoOpen) || strings.Count(policy, router.SearchOpen) != len(c.calls) || !strings.HasSuffix(policy, router.AnswerClose) {
-					t.Errorf("question %d: the trained tokens are %q, want the %d search turns and the answer turn", i, policy, len(c.calls))
+				if strings.Contains(policy, router.InfoOpen) || strings.Count(policy, router.SearchOpen) != len(calls) || !strings.HasSuffix(policy, router.AnswerClose) {
+					t.Errorf("question %d: the trained tokens are %q, want the %d search turns and the answer turn", i, policy, len(calls))
 				}
 			}
 		})
