@@ -2,6 +2,9 @@ package router
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -394,6 +397,68 @@ func TestRolloutAgreement(t *testing.T) {
 				if b != o.Calls[k].Reply+note {
 					t.Errorf("agreement %v, row %d, block %d: %q, want the reply %q then %q", on, i, k, b, o.Calls[k].Reply, note)
 				}
+			}
+		}
+	}
+}
+
+// On a replayed world rendered from judgments the note reads what the
+// models wrote (the logged replies), not the rendered replies the policy
+// sees: two right replies in prose that state no short answer render
+// alike but do not agree; a wrong reply whose prose names the right
+// answer renders apart but agrees. The call records keep the logged text.
+func TestRolloutAgreementReadsEvidence(t *testing.T) {
+	tok := loadTok(t)
+	row := func(model, reply string, right bool) string {
+		return fmt.Sprintf(`{"dataset":"nq","question_id":"nq/1","question":"capital of france","golden_answers":["Paris"],"model":%q,"reply":%q,"correct":%v}`, model, reply, right)
+	}
+	log := filepath.Join(t.TempDir(), "log.jsonl")
+	text := strings.Join([]string{
+		row("short", "Paris", true),
+		row("prose1", "The capital of France is Paris, of course, as everyone knows.", true),
+		row("prose2", "France has long been governed from Paris, by the Seine.", true),
+		row("hedge", "Lyon is my guess, though Paris is often named.", false),
+	}, "\n") + "\n"
+	if err := os.WriteFile(log, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pc := llmpool.Defaults()
+	pc.Cache = "off"
+	for _, m := range []string{"short", "prose1", "prose2", "hedge"} {
+		pc.Models = append(pc.Models, llmpool.ModelConfig{Name: m, Description: "a replayed model", Provider: "replay",
+			Replay: &llmpool.ReplayConfig{Log: log, Render: llmpool.RenderJudgment}})
+	}
+	pool, err := llmpool.New(pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	ask := func(m string) string { return "<think>a</think><search>" + m + ": capital of France</search>" }
+	scripts := map[int][]string{
+		0: {ask("prose1"), ask("prose2"), "<answer>Paris</answer>"}, // rendered alike ("The answer is Paris."), written apart
+		1: {ask("short"), ask("hedge"), "<answer>Paris</answer>"},   // rendered apart ("Lyon"), but hedge wrote "Paris"
+	}
+	want := map[int][]string{0: {"", " Agrees with: none."}, 1: {"", " Agrees with: short."}}
+	q := llmpool.Question{ID: "nq/1", Dataset: "nq", Text: "capital of france", Golden: []string{"Paris"}}
+	jobs := []Job{{Question: q, Prompt: []int32{1, 2, 3}}, {Question: q, Prompt: []int32{1, 2, 3}}}
+	dec := &forced{tok: tok, queue: map[int][]int32{}, turn: map[int]int{}, fed: map[int][][]int32{}, turns: scripts}
+	cfg := Config{MaxTurns: 3, TurnTokens: 24, InfoTokens: 64, Agreement: true}
+	out, _, err := Rollout(context.Background(), dec, tok, pool, cfg, jobs, generate.Sampling{}, []int32{int32(tok.EOS())}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, notes := range want {
+		blocks := InfoBlocks(out[i].Text)
+		if len(blocks) != len(notes) || len(out[i].Calls) != len(notes) {
+			t.Fatalf("row %d: %d blocks, %d calls, want %d: %q", i, len(blocks), len(out[i].Calls), len(notes), out[i].Text)
+		}
+		for k, b := range blocks {
+			c := out[i].Calls[k]
+			if !strings.HasPrefix(c.Reply, "The answer is ") || c.Evidence == "" || c.Evidence == c.Reply {
+				t.Errorf("row %d, call %d: reply %q, evidence %q: want the rendered reply and the logged text", i, k, c.Reply, c.Evidence)
+			}
+			if b != c.Reply+notes[k] {
+				t.Errorf("row %d, block %d: %q, want the rendered reply %q then %q", i, k, b, c.Reply, notes[k])
 			}
 		}
 	}
