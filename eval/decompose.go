@@ -207,6 +207,6 @@ func (r decomposeRouter) Answer(ctx context.Context, qs []data.Example) ([]rollo
 
 // callOf records a pool call.
 func callOf(req llmpool.Request, resp llmpool.Response) router.Call {
-	return router.Call{Model: resp.Model, Query: req.Query, Reply: resp.Text, Failed: resp.Failed, Cached: resp.Cached,
+	return router.Call{Model: resp.Model, Query: req.Query, Reply: resp.Text, Evidence: resp.Evidence, Failed: resp.Failed, Cached: resp.Cached,
 		Cost: resp.Cost, Latency: resp.Latency}
 }

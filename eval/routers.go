@@ -221,7 +221,7 @@ func directAnswers(ctx context.Context, pool *llmpool.Pool, qs []data.Example, m
 		}
 		out[i] = rollout.QuestionResult{ID: q.ID, Dataset: q.Dataset, Question: q.Question, Golden: q.Golden, Answer: ans,
 			EM: data.ExactMatch(ans, q.Golden), F1: data.F1(ans, q.Golden), WellFormed: !resps[i].Failed,
-			Calls: []router.Call{{Model: resps[i].Model, Query: q.Question, Reply: resps[i].Text, Failed: resps[i].Failed,
+			Calls: []router.Call{{Model: resps[i].Model, Query: q.Question, Reply: resps[i].Text, Evidence: resps[i].Evidence, Failed: resps[i].Failed,
 				Cached: resps[i].Cached, Cost: resps[i].Cost, Latency: resps[i].Latency}},
 			Cost: resps[i].Cost, Response: resps[i].Text}
 	}
