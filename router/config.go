@@ -44,6 +44,14 @@ type Config struct {
 	// policy's, as with no_repeat_ngram. Needs a decoder that can ban
 	// tokens and knows its vocabulary (VocabDecoder). false = off.
 	AnswerSpan bool `toml:"answer_span"`
+	// AnswerWhole narrows AnswerSpan to whole answers: a reply that states
+	// a short answer (data.ShortAnswer: its text after "answer is", or the
+	// whole reply when of at most five words) offers only that answer,
+	// from its first word to its last, instead of any span of its text, so
+	// an answer can neither stop inside it ("Gerald" of "Gerald R. Ford")
+	// nor take in the words around it ("answer is Paris"). Other replies
+	// (prose) still offer any span. Needs AnswerSpan. false = off.
+	AnswerWhole bool `toml:"answer_whole"`
 	// SearchNames constrains the model name of a search: inside <search>,
 	// before the colon, the policy may write only a model name its prompt
 	// lists (every pool model, or the row's subset), then the colon;
@@ -127,6 +135,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("router.no_repeat_ngram = %d: must be 0 (off) or ≥ 2", c.NoRepeatNGram)
 	case c.OnRepeat != "" && c.OnRepeat != OnRepeatBan && c.OnRepeat != OnRepeatClose:
 		return fmt.Errorf("router.on_repeat = %q: must be %q or %q", c.OnRepeat, OnRepeatBan, OnRepeatClose)
+	case c.AnswerWhole && !c.AnswerSpan:
+		return fmt.Errorf("router.answer_whole = true: it narrows router.answer_span, which is off")
 	}
 	return nil
 }

@@ -89,9 +89,10 @@ func (e *Scheduler) closeBan(p *Pending) []int32 {
 // the answer is such a span of whole words, those that start the closing
 // tag (an answer does not stop inside a word: "Mer" of "Mercedes-Benz").
 // Once anything but a span is written (the closing tag), the turn goes on
-// free.
+// free. With router.answer_whole a reply's short answer (p.answers) is a
+// span only from its start, and closes only when written whole.
 func (e *Scheduler) spanBan(p *Pending) []int32 {
-	if len(p.replies) == 0 {
+	if len(p.replies) == 0 && len(p.answers) == 0 {
 		return nil
 	}
 	at := bytes.LastIndex(p.turnText, []byte(AnswerOpen))
@@ -109,7 +110,7 @@ func (e *Scheduler) spanBan(p *Pending) []int32 {
 				continue
 			}
 			ok := strings.HasPrefix(AnswerClose, b) || b == " "
-			for _, r := range p.replies {
+			for _, r := range slices.Concat(p.replies, p.answers) {
 				ok = ok || strings.Contains(r, strings.TrimPrefix(b, " "))
 			}
 			if ok {
@@ -121,6 +122,11 @@ func (e *Scheduler) spanBan(p *Pending) []int32 {
 	inReply := func(span string, whole bool) bool {
 		for _, r := range p.replies {
 			if wordSpan(r, span, whole) {
+				return true
+			}
+		}
+		for _, a := range p.answers {
+			if (whole && a == span) || (!whole && strings.HasPrefix(a, span)) {
 				return true
 			}
 		}

@@ -165,10 +165,13 @@ type Pending struct {
 	callsMade  int // <search> turns acted on (known, unknown or refused)
 	spent      float64
 	cancelCall context.CancelFunc
-	// With router.answer_span: the text of every reply shown, and the
-	// tokens that occur in one of them (the candidates of an answer span;
-	// nil until an answer needs them after the last reply).
+	// With router.answer_span: the text of every reply shown (with
+	// router.answer_whole, of those that state no short answer), the
+	// short answers of the others (answer_whole), and the tokens that
+	// occur in one of them (the candidates of an answer span; nil until an
+	// answer needs them after the last reply).
 	replies  []string
+	answers  []string
 	spanToks []int32
 }
 

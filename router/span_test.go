@@ -136,6 +136,50 @@ func TestAnswerSpan(t *testing.T) {
 // router.search_names: a search naming a model the pool lacks is written
 // as one it has (the name is built of allowed tokens up to the colon, the
 // sub-query is the policy's); without it the call goes to the unknown name.
+// router.answer_whole: a reply that states a short answer offers only
+// that answer, whole. The answer's first token must start it (the reply's
+// other words, " answer", are banned, which plain answer_span allows), and
+// the closing tag waits for its last word (after " Gerald" it is banned,
+// which answer_span allows at any word's end).
+func TestAnswerWhole(t *testing.T) {
+	tok := loadTok(t)
+	pool := simPool(t, 0)
+	q := llmpool.Question{ID: "nq/1", Dataset: "nq", Text: "which president pardoned Nixon?", Golden: []string{"Gerald R. Ford"}}
+	eos := []int32{int32(tok.EOS())}
+	search := "<think>a</think><search>sim-a: which president pardoned Nixon?</search>"
+	answer, gerald, closing := int32(tok.Encode(" answer")[0]), int32(tok.Encode(" Gerald")[0]), int32(tok.Encode(AnswerClose)[0])
+	for _, whole := range []bool{false, true} {
+		dec := &wishful{tok: tok, vocab: tok.VocabSize(), first: search, later: "<answer> Gerald R. Ford</answer>", queue: map[int][]int32{}, fed: map[int]int{}}
+		cfg := Config{MaxTurns: 1, TurnTokens: 40, InfoTokens: 32, AnswerSpan: true, AnswerWhole: whole}
+		if err := cfg.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		out, _, err := Rollout(context.Background(), dec, tok, pool, cfg, []Job{{Question: q, Prompt: []int32{1, 2, 3}}}, generate.Sampling{}, eos, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a, _ := LastAnswer(out[0].Text); strings.TrimSpace(a) != "Gerald R. Ford" {
+			t.Errorf("whole %v: answer %q (response %q), want the whole answer copied", whole, a, out[0].Text)
+		}
+		var bans [][]int32 // the answer's steps: before " Gerald", after it
+		for _, b := range dec.bans {
+			if len(b) > 0 {
+				bans = append(bans, b)
+			}
+		}
+		if len(bans) < 2 {
+			t.Fatalf("whole %v: %d constrained steps, want the answer's", whole, len(bans))
+		}
+		if slices.Contains(bans[0], gerald) || slices.Contains(bans[0], answer) != whole || slices.Contains(bans[1], closing) != whole {
+			t.Errorf("whole %v: first step bans \" Gerald\" %v, \" answer\" %v; after \" Gerald\" the closing tag %v: want %v, %v, %v",
+				whole, slices.Contains(bans[0], gerald), slices.Contains(bans[0], answer), slices.Contains(bans[1], closing), false, whole, whole)
+		}
+	}
+	if err := (Config{MaxTurns: 1, TurnTokens: 8, InfoTokens: 8, AnswerWhole: true}).Validate(); err == nil || !strings.Contains(err.Error(), "router.answer_whole") {
+		t.Errorf("answer_whole without answer_span: %v, want an error naming router.answer_whole", err)
+	}
+}
+
 func TestSearchNames(t *testing.T) {
 	tok := loadTok(t)
 	pool := simPool(t, 0)

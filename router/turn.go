@@ -240,7 +240,11 @@ func (e *Scheduler) fold(rp reply) {
 	p.spent += rp.call.Cost
 	// A budget refusal is no reply: its notice is not a span to answer from.
 	if e.cfg.AnswerSpan && !rp.call.Refused {
-		p.replies = append(p.replies, rp.call.Reply)
+		if a, ok := data.ShortAnswer(rp.call.Reply); e.cfg.AnswerWhole && ok {
+			p.answers = append(p.answers, a)
+		} else {
+			p.replies = append(p.replies, rp.call.Reply)
+		}
 		p.spanToks = nil // made again, with this reply, when an answer needs them
 	}
 	o.Calls = append(o.Calls, rp.call)
