@@ -19,6 +19,11 @@
       scored by the same reference answers: what the rendering adds; and
       deciding it by router.Agreeing version 2 on the logged texts, which is
       what the policy's note reads since replay evidence.
+  python3 docs/results/routing-evouna.py copies RESULTS_JSONL
+      For a policy's eval results (a `recal frontier` work folder's
+      eval/<point>/results-*.jsonl): its EM against the EM of answering, on
+      its own routes, with the last reply's stated answer (what the warm-up
+      shows), and how many answers differ from that, by the number of calls.
 
 Standard library only; normalisation as recal's data.Normalize (SQuAD's).
 """
@@ -97,6 +102,40 @@ def escalation(run, lo, hi):
     print(f"fewer than 2 calls made: {c['fewer than 2 calls made']}")
 
 
+def em(answer, golden):
+    return any(norm(answer) == norm(g) for g in golden)
+
+
+def copies(path):
+    by = collections.defaultdict(lambda: collections.Counter())
+    for line in open(path):
+        o = json.loads(line)
+        calls = [c for c in o.get("calls") or [] if not c.get("failed")]
+        k = len(o.get("calls") or [])
+        c = by[k]
+        c["n"] += 1
+        c["policy"] += o["em"]
+        if not calls:
+            continue
+        a = stated(calls[-1]["reply"]) or ""
+        c["last reply"] += em(a, o["golden_answers"])
+        if norm(a) != norm(o["answer"]):
+            c["differ"] += 1
+            c["differ, policy right"] += o["em"]
+            c["differ, last reply right"] += em(a, o["golden_answers"])
+    total = collections.Counter()
+    for k in sorted(by):
+        total.update(by[k])
+        c = by[k]
+        print(f"{k} calls: {c['n']:4d} questions, policy EM {c['policy'] / c['n']:.3f}, last reply's answer "
+              f"{c['last reply'] / c['n']:.3f}; {c['differ']} answers differ (policy right {c['differ, policy right']}, "
+              f"last reply right {c['differ, last reply right']})")
+    n = total["n"]
+    print(f"all:     {n:4d} questions, policy EM {total['policy'] / n:.3f}, last reply's answer "
+          f"{total['last reply'] / n:.3f}; {total['differ']} answers differ (policy right {total['differ, policy right']}, "
+          f"last reply right {total['differ, last reply right']})")
+
+
 def cascade(res, agreed):
     n = em = cost = calls = 0
     for q, d in res.items():
@@ -134,5 +173,7 @@ if __name__ == "__main__":
         escalation(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     elif sys.argv[1:2] == ["teacher"] and len(sys.argv) in (3, 4):
         teacher(*sys.argv[2:])
+    elif sys.argv[1:2] == ["copies"] and len(sys.argv) == 3:
+        copies(sys.argv[2])
     else:
         sys.exit(__doc__)
