@@ -104,13 +104,14 @@ func (e *Scheduler) spanBan(p *Pending) []int32 {
 		return nil
 	}
 	if p.spanToks == nil {
+		sources := slices.Concat(p.replies, p.answers)
 		for id := range e.dec.(VocabDecoder).Vocab() {
 			b := string(e.tok.TokenBytes(id))
 			if b == "" {
 				continue
 			}
 			ok := strings.HasPrefix(AnswerClose, b) || b == " "
-			for _, r := range slices.Concat(p.replies, p.answers) {
+			for _, r := range sources {
 				ok = ok || strings.Contains(r, strings.TrimPrefix(b, " "))
 			}
 			if ok {

@@ -66,7 +66,7 @@ func FitCascade(m *Matrix) (*CascadeRule, error) {
 	if m == nil || len(m.Questions) == 0 || len(m.Models) == 0 {
 		return nil, fmt.Errorf("%w: the cascade needs questions and models", ErrNoOutcomes)
 	}
-	if len(m.Answers) != len(m.Questions) || len(m.Replies) != len(m.Questions) {
+	if len(m.Replies) != len(m.Questions) {
 		return nil, fmt.Errorf("baselines: cascade: the outcome matrix holds no replies (load it with LoadMatrix)")
 	}
 	n := len(m.Questions)

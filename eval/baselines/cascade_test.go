@@ -29,13 +29,13 @@ func cascadeMatrix() *Matrix {
 	}
 	for _, r := range rows {
 		var em, cost, f1 []float64
-		var ans, rep []string
+		var rep []string
 		for j, c := range r {
 			em, f1 = append(em, c.em), append(f1, c.em)
 			cost = append(cost, []float64{10, 2, 1}[j])
-			ans, rep = append(ans, c.answer), append(rep, "The answer is "+c.answer+".")
+			rep = append(rep, "The answer is "+c.answer+".")
 		}
-		m.EM, m.F1, m.Cost, m.Answers, m.Replies = append(m.EM, em), append(m.F1, f1), append(m.Cost, cost), append(m.Answers, ans), append(m.Replies, rep)
+		m.EM, m.F1, m.Cost, m.Replies = append(m.EM, em), append(m.F1, f1), append(m.Cost, cost), append(m.Replies, rep)
 		m.Failed = append(m.Failed, make([]bool, 3))
 	}
 	return m
@@ -123,7 +123,7 @@ func TestCascadeErrors(t *testing.T) {
 		}
 	}
 	m := cascadeMatrix()
-	m.Answers, m.Replies = nil, nil
+	m.Replies = nil
 	if _, err := FitCascade(m); err == nil || !strings.Contains(err.Error(), "no replies") {
 		t.Errorf("a matrix without replies: error %v", err)
 	}

@@ -132,10 +132,10 @@ type Matrix struct {
 	F1, EM    [][]float64
 	Cost      [][]float64 // USD
 	Failed    [][]bool
-	// Answers and Replies are each call's extracted answer and reply as its
-	// model wrote it (Outcome.Evidence when set, else Outcome.Reply; the
-	// cascade's stopping rule reads them; not in Digest).
-	Answers, Replies [][]string
+	// Replies are each call's reply as its model wrote it (Outcome.Evidence
+	// when set, else Outcome.Reply; the cascade's stopping rule reads them;
+	// not in Digest).
+	Replies [][]string
 	// Incomplete counts the questions left out for lacking some model's
 	// outcome (an interrupted collect).
 	Incomplete int
@@ -232,16 +232,16 @@ func LoadMatrix(dir string) (*Matrix, error) {
 		}
 		f1, em, cost := make([]float64, len(m.Models)), make([]float64, len(m.Models)), make([]float64, len(m.Models))
 		failed := make([]bool, len(m.Models))
-		answers, replies := make([]string, len(m.Models)), make([]string, len(m.Models))
+		replies := make([]string, len(m.Models))
 		for _, o := range row {
 			j := col[o.Model]
 			f1[j], em[j], cost[j], failed[j] = o.F1, o.EM, o.Cost, o.Failed
-			answers[j], replies[j] = o.Answer, o.Reply
+			replies[j] = o.Reply
 			if o.Evidence != "" {
 				replies[j] = o.Evidence
 			}
 		}
-		m.Answers, m.Replies = append(m.Answers, answers), append(m.Replies, replies)
+		m.Replies = append(m.Replies, replies)
 		m.Questions = append(m.Questions, Question{ID: id, Dataset: row[0].Dataset, Text: row[0].Question})
 		m.F1, m.EM, m.Cost, m.Failed = append(m.F1, f1), append(m.EM, em), append(m.Cost, cost), append(m.Failed, failed)
 	}
