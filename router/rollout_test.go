@@ -69,12 +69,20 @@ func loadTok(t *testing.T) *tokenizer.Tokenizer {
 
 func simPool(t *testing.T, latency time.Duration) *llmpool.Pool {
 	t.Helper()
-	cfg := llmpool.Defaults()
-	cfg.Cache = "off"
+	var models []llmpool.ModelConfig
 	for _, name := range []string{"sim-a", "sim-b"} {
-		cfg.Models = append(cfg.Models, llmpool.ModelConfig{Name: name, Description: "a simulated model", Provider: "sim",
+		models = append(models, llmpool.ModelConfig{Name: name, Description: "a simulated model", Provider: "sim",
 			Sim: &llmpool.SimConfig{DefaultAccuracy: 1, Latency: latency}})
 	}
+	return poolOf(t, models...)
+}
+
+// poolOf is a pool of models with the cache off, closed when the test ends.
+func poolOf(t *testing.T, models ...llmpool.ModelConfig) *llmpool.Pool {
+	t.Helper()
+	cfg := llmpool.Defaults()
+	cfg.Cache = "off"
+	cfg.Models = models
 	p, err := llmpool.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -352,17 +360,12 @@ func TestRolloutJobModels(t *testing.T) {
 // call records the reply without the note. Off, no block holds a note.
 func TestRolloutAgreement(t *testing.T) {
 	tok := loadTok(t)
-	pc := llmpool.Defaults()
-	pc.Cache = "off"
+	var models []llmpool.ModelConfig
 	for name, acc := range map[string]float64{"sim-a": 1, "sim-b": 1, "sim-w": 0} {
-		pc.Models = append(pc.Models, llmpool.ModelConfig{Name: name, Description: "a simulated model", Provider: "sim",
+		models = append(models, llmpool.ModelConfig{Name: name, Description: "a simulated model", Provider: "sim",
 			Sim: &llmpool.SimConfig{DefaultAccuracy: acc}})
 	}
-	pool, err := llmpool.New(pc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := poolOf(t, models...)
 	ask := func(m string) string { return "<think>a</think><search>" + m + ": capital of France</search>" }
 	scripts := map[int][]string{
 		0: {ask("sim-a"), ask("sim-b"), "<answer>Paris</answer>"},
@@ -422,17 +425,12 @@ func TestRolloutAgreementReadsEvidence(t *testing.T) {
 	if err := os.WriteFile(log, []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	pc := llmpool.Defaults()
-	pc.Cache = "off"
+	var models []llmpool.ModelConfig
 	for _, m := range []string{"short", "prose1", "prose2", "hedge"} {
-		pc.Models = append(pc.Models, llmpool.ModelConfig{Name: m, Description: "a replayed model", Provider: "replay",
+		models = append(models, llmpool.ModelConfig{Name: m, Description: "a replayed model", Provider: "replay",
 			Replay: &llmpool.ReplayConfig{Log: log, Render: llmpool.RenderJudgment}})
 	}
-	pool, err := llmpool.New(pc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := poolOf(t, models...)
 	ask := func(m string) string { return "<think>a</think><search>" + m + ": capital of France</search>" }
 	scripts := map[int][]string{
 		0: {ask("prose1"), ask("prose2"), "<answer>Paris</answer>"}, // rendered alike ("The answer is Paris."), written apart

@@ -130,18 +130,12 @@ func (d *scripted) checkClean(t *testing.T) {
 // cost $0.002 a call (1,000 tokens in and out at $1 per million).
 func pricedPool(t *testing.T, latency map[string]time.Duration, names ...string) *llmpool.Pool {
 	t.Helper()
-	cfg := llmpool.Defaults()
-	cfg.Cache = "off"
+	var models []llmpool.ModelConfig
 	for _, name := range names {
-		cfg.Models = append(cfg.Models, llmpool.ModelConfig{Name: name, Description: "a simulated model", Provider: "sim",
+		models = append(models, llmpool.ModelConfig{Name: name, Description: "a simulated model", Provider: "sim",
 			PriceIn: 1, PriceOut: 1, Sim: &llmpool.SimConfig{DefaultAccuracy: 1, Latency: latency[name], TokensIn: 1000, TokensOut: 1000}})
 	}
-	p, err := llmpool.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	return p
+	return poolOf(t, models...)
 }
 
 // runScheduler runs e until the test ends.
