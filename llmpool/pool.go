@@ -288,8 +288,12 @@ func (p *Pool) Call(ctx context.Context, req Request) Response {
 		}
 		return r
 	}
-	// What is returned is what the cache returns on the next call.
+	// What is returned is what the cache returns on the next call. What
+	// the model wrote, when Text is rendered from it, is made safe alike.
 	c.Text = p.scrub(validText(c.Text))
+	if c.Evidence != "" {
+		c.Evidence = p.scrub(validText(c.Evidence))
+	}
 	if key != "" {
 		e := cacheEntry{Text: c.Text, InputTokens: c.InputTokens, OutputTokens: c.OutputTokens, Estimated: c.Estimated}
 		if err := p.cache.put(key, name, m.info.Provider, e); err != nil {
@@ -374,10 +378,7 @@ func (p *Pool) success(ctx context.Context, start time.Time, m *poolModel, c com
 	r := Response{
 		Model: m.info.Name, Text: c.Text, InputTokens: c.InputTokens, OutputTokens: c.OutputTokens,
 		TokensEstimated: c.Estimated, Cost: cost(m.info, c.InputTokens, c.OutputTokens),
-		Latency: time.Since(start), Cached: cached,
-	}
-	if c.Evidence != "" {
-		r.Evidence = p.scrub(c.Evidence)
+		Latency: time.Since(start), Cached: cached, Evidence: c.Evidence,
 	}
 	if c.Cost != nil {
 		r.Cost = *c.Cost

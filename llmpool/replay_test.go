@@ -356,3 +356,19 @@ func FuzzStatedAnswers(f *testing.F) {
 		}
 	})
 }
+
+// A logged reply kept as evidence is scrubbed of the pool's API keys as a
+// reply is: a log that quotes a key never hands it on.
+func TestReplayEvidenceIsScrubbed(t *testing.T) {
+	const key = "sk-evidence-test-0123456789"
+	t.Setenv("RECAL_TEST_EVIDENCE_KEY", key)
+	log := writeLog(t, `{"dataset":"nq","question_id":"nq/1","question":"q","golden_answers":["Paris"],"model":"big","reply":"Paris, says `+key+`","correct":true}`+"\n")
+	p := newTestPool(t, testConfig(
+		replayModel("big", log, ReplayConfig{Render: RenderJudgment}),
+		openaiModel("api", "http://127.0.0.1:1", func(o *OpenAIConfig) { o.APIKeyEnv = "RECAL_TEST_EVIDENCE_KEY" }),
+	))
+	r := p.Call(context.Background(), Request{Model: "big", Query: "q", Question: q("nq/1", "nq")})
+	if r.Failed || r.Evidence != "Paris, says [redacted]" {
+		t.Errorf("evidence %q (failed %v), want the logged reply with the key scrubbed", r.Evidence, r.Failed)
+	}
+}
