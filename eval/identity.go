@@ -112,11 +112,12 @@ var inputParts = map[string]func(s Setup) (any, error){
 			AnswerWhole                      bool    `json:",omitempty"`
 			SearchNames                      bool    `json:",omitempty"`
 			CallFirst                        bool    `json:",omitempty"`
+			FinalAnswer                      bool    `json:",omitempty"`
 			MatchClose                       bool    `json:",omitempty"`
 			Agreement                        int     `json:",omitempty"` // router.AgreementVersion when on
 			Budget                           float64 `json:",omitempty"` // Env.MaxCostUSD
 			Engine                           int     `json:",omitempty"`
-		}{rc.MaxTurns, rc.TurnTokens, rc.InfoTokens, tmpl, rc.NoRepeatNGram, onRepeat, rc.AnswerSpan, rc.AnswerWhole, rc.SearchNames, rc.CallFirst, rc.MatchClose,
+		}{rc.MaxTurns, rc.TurnTokens, rc.InfoTokens, tmpl, rc.NoRepeatNGram, onRepeat, rc.AnswerSpan, rc.AnswerWhole, rc.SearchNames, rc.CallFirst, rc.FinalAnswer, rc.MatchClose,
 			agreement, s.Env.MaxCostUSD, router.DecodeVersion}, nil
 	},
 	// pool: the models as configured, less the settings that change how

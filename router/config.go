@@ -71,6 +71,18 @@ type Config struct {
 	// policy answers freely. Log-probabilities stay the unconstrained
 	// policy's. Needs a decoder as AnswerSpan's. false = off.
 	CallFirst bool `toml:"call_first"`
+	// FinalAnswer keeps the last turn for the answer: once the response
+	// has no call left (max_turns <search> turns acted on, refused ones
+	// included), no token may write "<s" (the start of <search>, the only
+	// protocol tag that begins so), and after the turn's </think> only
+	// tokens that spell <answer> may follow (a forced span, as
+	// SearchNames's names). Without it a <search> there ends the response
+	// unanswered (Sample.End "final"); a policy trained from scratch that
+	// does not count its calls does so on some questions, and with only
+	// the search banned it writes other tags or loops until the turn's
+	// limit. Log-probabilities stay the unconstrained policy's. Needs a
+	// decoder as AnswerSpan's. false = off.
+	FinalAnswer bool `toml:"final_answer"`
 	// MatchClose keeps closing tags matched: inside an open <think>,
 	// <search> or <answer>, a closing tag the policy writes can only be
 	// that tag's own ("</" then "think>" in <think>). A policy trained from
@@ -92,7 +104,7 @@ type Config struct {
 
 // constrains reports whether a decoding constraint of the protocol is on.
 func (c Config) constrains() bool {
-	return c.AnswerSpan || c.SearchNames || c.CallFirst || c.MatchClose
+	return c.AnswerSpan || c.SearchNames || c.CallFirst || c.FinalAnswer || c.MatchClose
 }
 
 // What router.on_repeat may be.

@@ -10,23 +10,66 @@ import (
 
 // callBan is what router.call_first bans for p's next token: nil once p
 // holds a reply or may call no more, else the tokens that would write
-// "<a", the start of <answer> (after a lone "<", every token that starts
-// with "a"). nil when that is no token of the vocabulary.
+// "<a", the start of <answer> (openBan).
 func (e *Scheduler) callBan(p *Pending) []int32 {
 	if len(p.out.Calls) > 0 || p.callsMade >= p.maxTurns {
 		return nil
 	}
+	return openBan(p, e.openA, e.startA)
+}
+
+// finalBan is what router.final_answer's guard bans for p's next token:
+// nil while p may call, else the tokens that would write "<s", the start
+// of <search> (openBan).
+func (e *Scheduler) finalBan(p *Pending) []int32 {
+	if p.callsMade < p.maxTurns {
+		return nil
+	}
+	return openBan(p, e.openS, e.startS)
+}
+
+// answerBan is what router.final_answer forces for p's next token: nil
+// while p may call, or until its turn has closed a <think>, or once an
+// <answer> is open after it; else every token but those that go on
+// spelling <answer> after the turn's last </think> (white space before it
+// kept, none added).
+func (e *Scheduler) answerBan(p *Pending) []int32 {
+	if p.callsMade < p.maxTurns {
+		return nil
+	}
+	at := bytes.LastIndex(p.turnText, []byte(ThinkClose))
+	if at < 0 {
+		return nil
+	}
+	rest := string(p.turnText[at+len(ThinkClose):])
+	if strings.Contains(rest, AnswerOpen) {
+		return nil
+	}
+	return e.banAllBut(func(id int) bool {
+		b := e.tok.TokenBytes(id)
+		if len(b) == 0 {
+			return false
+		}
+		w := strings.TrimLeft(rest+string(b), " \n")
+		return w != "" && (strings.HasPrefix(AnswerOpen, w) || strings.HasPrefix(w, AnswerOpen))
+	})
+}
+
+// openBan bans opening one tag: the tokens open that hold "<" and the
+// tag's first letter, and after a lone "<" also those, start, that begin
+// with the letter. nil when that is no token of the vocabulary.
+func openBan(p *Pending, open, start []int32) []int32 {
 	text := p.turnText
 	if i := bytes.LastIndexByte(text, '>'); i >= 0 {
 		text = text[i+1:]
 	}
 	if len(text) > 0 && text[len(text)-1] == '<' {
-		return append(slices.Clone(e.startA), e.openA...)
+		return append(slices.Clone(start), open...)
 	}
-	if len(e.openA) == 0 {
+	if len(open) == 0 {
 		return nil
 	}
-	return slices.Clip(e.openA) // appended to (router.match_close): never into e.openA
+	return slices.Clip(open) // appended to (router.match_close): never into open
 }
 
 // closeBan is what router.match_close bans for p's next token: nil when
@@ -248,7 +291,7 @@ func (e *Scheduler) closing(turn []byte) ([]int32, string) {
 }
 
 // guardSlack bounds, in nats, how far a guard's ban (router.call_first,
-// router.match_close) may have moved a chosen token's log-probability for
+// router.final_answer, router.match_close) may have moved a chosen token's log-probability for
 // the token still to count as unconstrained (Sample.Constrained): a ban of
 // mass m moves it by −log(1−m), and m ≤ 1 − p for a chosen token of
 // probability p, so a token chosen with −log p ≤ guardSlack moved by at

@@ -90,7 +90,8 @@ type Sample struct {
 	Closed int
 	// Constrained lists the indices into Tokens of the policy's tokens
 	// chosen under router.answer_span or router.search_names, and those
-	// chosen under router.call_first or router.match_close with a
+	// chosen under router.call_first, router.final_answer or
+	// router.match_close with a
 	// log-probability below −0.1 (where the ban can have mattered; see
 	// guardSlack). Their Logp is the
 	// unconstrained policy's, which can lie far below what the constrained

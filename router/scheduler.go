@@ -120,6 +120,9 @@ type Scheduler struct {
 	// router.call_first: the tokens that write "<a", and those that start
 	// with "a" (banned after a lone "<").
 	openA, startA []int32
+	// router.final_answer: the tokens that write "<s", and those that
+	// start with "s".
+	openS, startS []int32
 	// router.match_close: the tokens that hold "</", and the others that
 	// start with "/" (which can write "</" after a lone "<").
 	closers, slashes []int32
@@ -219,8 +222,8 @@ func NewScheduler(dec Decoder, tok Tokenizer, pool Pool, cfg Config, opt Schedul
 			names = append(names, m.Name)
 		}
 	}
-	var openA, startA, closers, slashes []int32
-	if cfg.CallFirst || cfg.MatchClose {
+	var openA, startA, openS, startS, closers, slashes []int32
+	if cfg.CallFirst || cfg.FinalAnswer || cfg.MatchClose {
 		for id := range dec.(VocabDecoder).Vocab() {
 			b, t := tok.TokenBytes(id), int32(id)
 			if cfg.CallFirst && bytes.Contains(b, []byte("<a")) {
@@ -228,6 +231,12 @@ func NewScheduler(dec Decoder, tok Tokenizer, pool Pool, cfg Config, opt Schedul
 			}
 			if cfg.CallFirst && len(b) > 0 && b[0] == 'a' {
 				startA = append(startA, t)
+			}
+			if cfg.FinalAnswer && bytes.Contains(b, []byte("<s")) {
+				openS = append(openS, t)
+			}
+			if cfg.FinalAnswer && len(b) > 0 && b[0] == 's' {
+				startS = append(startS, t)
 			}
 			switch {
 			case !cfg.MatchClose:
@@ -242,7 +251,7 @@ func NewScheduler(dec Decoder, tok Tokenizer, pool Pool, cfg Config, opt Schedul
 	for _, c := range []string{ThinkClose, SearchClose, AnswerClose} {
 		closeToks[c] = toInt32(tok.Encode(c))
 	}
-	return &Scheduler{dec: dec, tok: tok, pool: pool, cfg: cfg, opt: opt, closeToks: closeToks, names: names, openA: openA, startA: startA, closers: closers, slashes: slashes,
+	return &Scheduler{dec: dec, tok: tok, pool: pool, cfg: cfg, opt: opt, closeToks: closeToks, names: names, openA: openA, startA: startA, openS: openS, startS: startS, closers: closers, slashes: slashes,
 		replies: make(chan reply, opt.Rows), wake: make(chan struct{}, 1),
 		slots: make([]*Pending, opt.Rows), dirty: make([]bool, opt.Rows), slowest: map[int]time.Duration{}}, nil
 }

@@ -405,6 +405,58 @@ func TestCallFirst(t *testing.T) {
 	}
 }
 
+// router.final_answer: with no call left, a policy that would think a
+// second time and search, or else search, answers after its </think>
+// (its third choice), and one that would search without thinking answers
+// (its next choice); off, the search ends the response unanswered. While
+// a call is left it thinks twice and searches as before.
+func TestFinalAnswer(t *testing.T) {
+	tok := loadTok(t)
+	pool := simPool(t, 0)
+	q := llmpool.Question{ID: "nq/1", Dataset: "nq", Text: "capital of France?", Golden: []string{"Paris"}}
+	eos := []int32{int32(tok.EOS())}
+	thinking := []string{"<think>a</think>\n<think>b</think>\n<search>sim-a: capital of France?</search>",
+		"<think>a</think>\n<search>sim-a: capital of France?</search>", "<think>a</think>\n<answer> Lyon</answer>"}
+	direct := []string{"<search>sim-a: capital of France?</search>", "<answer> Lyon</answer>"}
+	for _, c := range []struct {
+		name      string
+		on        bool
+		maxTurns  int
+		scripts   []string
+		wantCalls int
+		answer    string
+		end       string
+	}{
+		{"off, no call left", false, 0, thinking, 0, "", "final"},
+		{"on, no call left", true, 0, thinking, 0, "Lyon", "answer"},
+		{"off, no call left, no thought", false, 0, direct, 0, "", "final"},
+		{"on, no call left, no thought", true, 0, direct, 0, "Lyon", "answer"},
+		{"on, a call left", true, 1, thinking, 1, "Paris", "answer"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dec := &preferring{tok: tok, vocab: tok.VocabSize(), eos: eos[0], scripts: c.scripts,
+				answer: "<answer> Paris</answer>", written: map[int][]int32{}, replied: map[int]bool{}, queue: map[int][]int32{}}
+			cfg := Config{MaxTurns: c.maxTurns, TurnTokens: 40, InfoTokens: 32, FinalAnswer: c.on}
+			out, _, err := Rollout(context.Background(), dec, tok, pool, cfg, []Job{{Question: q, Prompt: []int32{1, 2, 3}}}, generate.Sampling{}, eos, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := out[0]
+			a, _ := LastAnswer(s.Text)
+			if len(s.Calls) != c.wantCalls || a != c.answer || s.End != c.end {
+				t.Errorf("%d calls, answer %q, end %q; want %d, %q, %q (response %q)", len(s.Calls), a, s.End, c.wantCalls, c.answer, c.end, s.Text)
+			}
+			if !c.on || c.maxTurns > 0 {
+				if len(s.Constrained) != 0 || dec.skipped[0] != 0 {
+					t.Errorf("constrained %v, %d choices taken away; want none", s.Constrained, dec.skipped[0])
+				}
+			} else if dec.skipped[0] == 0 || len(s.Constrained) == 0 {
+				t.Errorf("constrained %v, %d choices taken away; want the ban's", s.Constrained, dec.skipped[0])
+			}
+		})
+	}
+}
+
 // router.match_close: a policy that would close <think> with </answer>
 // writes </think> (its next choice) and goes on to call; off, its turn
 // ends with no action. The guard leaves router.on_repeat = "close" its

@@ -32,9 +32,10 @@ func (e *Scheduler) extend(ctx context.Context, ps []*Pending, s generate.Sampli
 	var next []int32
 	var logp []float32
 	var err error
-	// span: what an answer span or a model name allows (every other token
-	// banned: no room for a loop); guard: the few tokens router.call_first
-	// and router.match_close ban, which leave the n-gram rule its work.
+	// span: what an answer span, a model name or router.final_answer's
+	// <answer> allows (every other token banned: no room for a loop);
+	// guard: the few tokens router.call_first, router.final_answer and
+	// router.match_close ban, which leave the n-gram rule its work.
 	var ban, span, guard [][]int32
 	if e.cfg.constrains() {
 		span = make([][]int32, len(ps))
@@ -46,8 +47,14 @@ func (e *Scheduler) extend(ctx context.Context, ps []*Pending, s generate.Sampli
 			if span[k] == nil && e.cfg.SearchNames {
 				span[k] = e.nameBan(p)
 			}
+			if span[k] == nil && e.cfg.FinalAnswer {
+				span[k] = e.answerBan(p)
+			}
 			if e.cfg.CallFirst {
 				guard[k] = e.callBan(p)
+			}
+			if e.cfg.FinalAnswer {
+				guard[k] = append(guard[k], e.finalBan(p)...)
 			}
 			if e.cfg.MatchClose {
 				guard[k] = append(guard[k], e.closeBan(p)...)
