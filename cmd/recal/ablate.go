@@ -41,7 +41,7 @@ func ablateCommand() *cli.Command {
 			&cli.StringFlag{Name: "run-dir", Value: "runs/ablate", Usage: "study folder: seed-N/warmup, seed-N/<variant>, the table and the figure"},
 			&cli.StringFlag{Name: "seeds", Usage: "comma-separated train.seed values, each a full set of runs (default: the config's train.seed alone)"},
 			&cli.IntFlag{Name: "steps", Usage: "GRPO steps per variant (default: train.steps); said in the table's notes"},
-			splitFlag(),
+			splitFlag(false),
 			datasetsFlag(),
 			&cli.IntFlag{Name: "window", Usage: "moving average of the figure, in logged steps (default 10; 1 = none)"},
 		),
@@ -58,7 +58,7 @@ func runAblate(ctx context.Context, cmd *cli.Command) error {
 	if err := setThreadsFrom(cmd, cfg.Policy.Threads); err != nil {
 		return err
 	}
-	names, sel, err := evalSelection(cmd, cfg)
+	names, sel, err := evalSelection(cmd, cfg, false)
 	if err != nil {
 		return err
 	}

@@ -20,7 +20,7 @@ const defaultRouters = "policy,direct,largest,random,prompt,knn"
 
 func evalFlags() []cli.Flag {
 	return []cli.Flag{
-		splitFlag(),
+		splitFlag(true),
 		datasetsFlag(),
 		&cli.StringFlag{Name: "routers", Value: defaultRouters, Usage: "comma-separated routers: " + strings.Join(eval.RouterNames(), ", ")},
 		&cli.StringFlag{Name: "extra-models", Usage: "TOML file of [[models]] added to the pool at evaluation only (unseen models)"},
@@ -117,7 +117,7 @@ func runEval(ctx context.Context, cmd *cli.Command) error {
 		slog.Info("evaluating the run's checkpoint", "picked", which, "checkpoint", ck)
 	}
 	if cmd.Bool("dry-run") {
-		names, sel, err := evalSelection(cmd, cfg)
+		names, sel, err := evalSelection(cmd, cfg, true)
 		if err != nil {
 			return err
 		}

@@ -1,10 +1,15 @@
 package main
 
 import (
+	"bufio"
+	"encoding/json"
+	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/internal/testing/testpolicy"
 )
 
@@ -44,5 +49,50 @@ func TestDryRunEvalNewRows(t *testing.T) {
 		if !strings.Contains(got, want) {
 			t.Errorf("problems\n%s\nlack %q", got, want)
 		}
+	}
+}
+
+// recal eval --split val evaluates the validation questions training
+// holds out (data.Config.LoadTrain's), not test questions; ablate, which
+// reports test scores only, refuses the name.
+func TestEvalSplitVal(t *testing.T) {
+	sets := []string{"data.val_per_dataset=3"}
+	cfg, err := config.Load("../../recal.toml", sets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, val, err := cfg.Data.LoadTrain()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, ex := range val {
+		want = append(want, ex.ID)
+	}
+	out := t.TempDir()
+	code, _, stderr := runCLI(t, "--threads", "2", "eval", "--config", "../../recal.toml", "--checkpoint", smallCheckpoint(t), "--set", sets[0], "--routers", "random", "--split", "val", "--out", out)
+	if code != 0 {
+		t.Fatalf("exit status %d; stderr: %s", code, stderr)
+	}
+	f, err := os.Open(filepath.Join(out, "results-random.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var got []string
+	for sc := bufio.NewScanner(f); sc.Scan(); {
+		var r struct{ ID string }
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, r.ID)
+	}
+	slices.Sort(got)
+	slices.Sort(want)
+	if len(want) != 6 || !slices.Equal(got, want) {
+		t.Errorf("evaluated %v, want the validation questions %v (3 of each training dataset)", got, want)
+	}
+	if code, _, stderr := runCLI(t, "ablate", "--config", "../../recal.toml", "--split", "val", "--run-dir", t.TempDir()); code != 2 || !strings.Contains(stderr, `"val"`) {
+		t.Errorf("ablate --split val: exit %d, stderr %q; want 2 naming the split", code, stderr)
 	}
 }

@@ -99,10 +99,19 @@ func withExtraModels(cfg config.Config, path string) (config.Config, error) {
 	return cfg, nil
 }
 
-// splitFlag is --split of the commands that evaluate on test datasets.
-func splitFlag() cli.Flag {
-	return &cli.StringFlag{Name: "split", Value: "all", Usage: "test split of data.test: id (those also in data.train: in domain), ood (the others) or all"}
+// splitFlag is --split of the commands that evaluate on test datasets;
+// withVal (eval, frontier) also offers "val", the validation questions.
+func splitFlag(withVal bool) cli.Flag {
+	usage := "test split of data.test: id (those also in data.train: in domain), ood (the others) or all"
+	if withVal {
+		usage += "; or val, the validation questions held out of data.train's files (data.val_per_dataset of each, as training validates on): " +
+			"choose settings there, not on the test questions"
+	}
+	return &cli.StringFlag{Name: "split", Value: "all", Usage: usage}
 }
+
+// splitVal is --split's name of the validation questions.
+const splitVal = "val"
 
 // datasetsFlag is --datasets, which replaces --split.
 func datasetsFlag() cli.Flag {
@@ -111,15 +120,23 @@ func datasetsFlag() cli.Flag {
 
 // evalSelection names the test datasets of --split (of the config's
 // data.test: data.Config.TestSplit) or --datasets, and the selection's
-// name for the default --out.
-func evalSelection(cmd *cli.Command, cfg config.Config) ([]string, string, error) {
+// name for the default --out. With withVal, --split val names the
+// training datasets (data.train), whose validation questions
+// evalQuestions then loads.
+func evalSelection(cmd *cli.Command, cfg config.Config, withVal bool) ([]string, string, error) {
 	sel := cmd.String("split")
 	var names []string
 	var err error
-	if cmd.IsSet("datasets") {
+	switch {
+	case cmd.IsSet("datasets"):
 		sel = strings.ReplaceAll(cmd.String("datasets"), ",", "+")
 		names, err = data.Expand(strings.Split(cmd.String("datasets"), ","))
-	} else {
+	case withVal && sel == splitVal:
+		names = cfg.Data.InDomain()
+		if cfg.Data.ValPerDataset == 0 {
+			err = fmt.Errorf("--split val: data.val_per_dataset is 0, so no question is held out for validation")
+		}
+	default:
 		names, err = cfg.Data.TestSplit(sel)
 	}
 	if err != nil {
@@ -128,11 +145,16 @@ func evalSelection(cmd *cli.Command, cfg config.Config) ([]string, string, error
 	return names, sel, nil
 }
 
-// evalQuestions loads the test questions of --split or --datasets.
+// evalQuestions loads the test questions of --split or --datasets, or
+// with --split val the validation questions (data.Config.LoadTrain's).
 func evalQuestions(cmd *cli.Command, cfg config.Config) ([]data.Example, string, error) {
-	names, sel, err := evalSelection(cmd, cfg)
+	names, sel, err := evalSelection(cmd, cfg, true)
 	if err != nil {
 		return nil, "", err
+	}
+	if sel == splitVal && !cmd.IsSet("datasets") {
+		_, val, err := cfg.Data.LoadTrain()
+		return val, sel, err
 	}
 	cfg.Data.Test = names
 	qs, err := cfg.Data.LoadTest()

@@ -35,7 +35,7 @@ func frontierCommand() *cli.Command {
 			"cost. Writes --work/frontier.{json,csv,md,png,svg}. See docs/evaluation.md, \"The frontier\".",
 		Flags: append(configFlags(),
 			&cli.StringFlag{Name: "work", Value: "runs/frontier", Usage: "work folder: outcome matrix, fitted routers, results, outputs"},
-			splitFlag(),
+			splitFlag(true),
 			datasetsFlag(),
 			&cli.StringFlag{Name: "routers", Value: "mlp,routellm-mf,routerdc,graphrouter", Usage: "fitted routers swept over --cost-lambdas (\"\" for none)"},
 			&cli.StringFlag{Name: "cost-lambdas", Value: strings.Join(lambdas, ","), Usage: "comma-separated cost_lambda values of the fitted routers (finite, >= 0)"},

@@ -37,7 +37,7 @@ func table1Command() *cli.Command {
 		Flags: append(configFlags(),
 			&cli.StringFlag{Name: "work", Value: "runs/table1", Usage: "work folder: outcome matrix, fitted routers, checkpoints, results, table"},
 			&cli.StringFlag{Name: "checkpoint", Value: "runs/recal", Usage: "the ReCal policy: a training run folder (its checkpoints/best, else last; make train's by default) or a checkpoint folder RUN/checkpoints/X"},
-			splitFlag(),
+			splitFlag(false),
 			datasetsFlag(),
 			&cli.IntFlag{Name: "sft-steps", Usage: "steps of the SFT-direct fit (default sft.steps)"},
 			&cli.IntFlag{Name: "r1-steps", Usage: "PPO steps of the Router-R1 policy (default: train.steps of --checkpoint's run, from its config.toml: ReCal's step budget)"},
@@ -53,7 +53,7 @@ func table1Command() *cli.Command {
 			if err != nil {
 				return err
 			}
-			names, sel, err := evalSelection(cmd, cfg)
+			names, sel, err := evalSelection(cmd, cfg, false)
 			if err != nil {
 				return err
 			}
