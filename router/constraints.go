@@ -45,7 +45,7 @@ func (e *Scheduler) answerBan(p *Pending) []int32 {
 	if strings.Contains(rest, AnswerOpen) {
 		return nil
 	}
-	return e.banAllBut(func(id int) bool {
+	ban := e.banAllBut(func(id int) bool {
 		b := e.tok.TokenBytes(id)
 		if len(b) == 0 {
 			return false
@@ -53,6 +53,10 @@ func (e *Scheduler) answerBan(p *Pending) []int32 {
 		w := strings.TrimLeft(rest+string(b), " \n")
 		return w != "" && (strings.HasPrefix(AnswerOpen, w) || strings.HasPrefix(w, AnswerOpen))
 	})
+	if len(ban) == e.dec.(VocabDecoder).Vocab() { // no token spells it: leave the turn free
+		return nil
+	}
+	return ban
 }
 
 // openBan bans opening one tag: the tokens open that hold "<" and the
