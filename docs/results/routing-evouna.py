@@ -121,6 +121,7 @@ def copies(path):
         c["last reply"] += em(a, o["golden_answers"])
         if norm(a) != norm(o["answer"]):
             c["differ"] += 1
+            c["differ, unanswered"] += not o["answer"].strip()
             c["differ, policy right"] += o["em"]
             c["differ, last reply right"] += em(a, o["golden_answers"])
     total = collections.Counter()
@@ -129,11 +130,11 @@ def copies(path):
         c = by[k]
         print(f"{k} calls: {c['n']:4d} questions, policy EM {c['policy'] / c['n']:.3f}, last reply's answer "
               f"{c['last reply'] / c['n']:.3f}; {c['differ']} answers differ (policy right {c['differ, policy right']}, "
-              f"last reply right {c['differ, last reply right']})")
+              f"last reply right {c['differ, last reply right']}, no answer {c['differ, unanswered']})")
     n = total["n"]
     print(f"all:     {n:4d} questions, policy EM {total['policy'] / n:.3f}, last reply's answer "
           f"{total['last reply'] / n:.3f}; {total['differ']} answers differ (policy right {total['differ, policy right']}, "
-          f"last reply right {total['differ, last reply right']})")
+          f"last reply right {total['differ, last reply right']}, no answer {total['differ, unanswered']})")
 
 
 def cascade(res, agreed):
