@@ -295,8 +295,9 @@ func (e *Scheduler) closing(turn []byte) ([]int32, string) {
 }
 
 // guardSlack bounds, in nats, how far a guard's ban (router.call_first,
-// router.final_answer, router.match_close) may have moved a chosen token's log-probability for
-// the token still to count as unconstrained (Sample.Constrained): a ban of
+// router.final_answer, router.match_close) may have moved a chosen token's
+// log-probability for the token still to count as unconstrained
+// (Sample.Constrained): a ban of
 // mass m moves it by −log(1−m), and m ≤ 1 − p for a chosen token of
 // probability p, so a token chosen with −log p ≤ guardSlack moved by at
 // most that. The guards are on inside nearly every tag (Qwen's added

@@ -91,9 +91,8 @@ type Sample struct {
 	// Constrained lists the indices into Tokens of the policy's tokens
 	// chosen under router.answer_span or router.search_names, and those
 	// chosen under router.call_first, router.final_answer or
-	// router.match_close with a
-	// log-probability below −0.1 (where the ban can have mattered; see
-	// guardSlack). Their Logp is the
+	// router.match_close with a log-probability below −0.1 (where the ban
+	// can have mattered; see guardSlack). Their Logp is the
 	// unconstrained policy's, which can lie far below what the constrained
 	// choice gave them (a name completed that the policy meant to write
 	// otherwise); PPO leaves them out of its per-token KL penalty, which

@@ -53,8 +53,8 @@ func (e *Scheduler) extend(ctx context.Context, ps []*Pending, s generate.Sampli
 			if e.cfg.CallFirst {
 				guard[k] = e.callBan(p)
 			}
-			if e.cfg.FinalAnswer {
-				guard[k] = append(guard[k], e.finalBan(p)...)
+			if guard[k] == nil && e.cfg.FinalAnswer { // callBan's and finalBan's turns never meet
+				guard[k] = e.finalBan(p)
 			}
 			if e.cfg.MatchClose {
 				guard[k] = append(guard[k], e.closeBan(p)...)

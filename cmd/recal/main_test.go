@@ -89,6 +89,7 @@ func TestCLI(t *testing.T) {
 		{"a list by --set", []string{"train", "--config", "../../recal.toml", "--set", "sft.route=agree", "--set", `sft.chain=["sim-factoid", "sim-nope"]`}, 2, "", `sft.chain[1] = "sim-nope": no such pool model`, true},
 		{"allow-config-change without resume", []string{"train", "--config", "../../recal.toml", "--allow-config-change"}, 2, "", "--allow-config-change needs --resume", true},
 		{"unknown split", []string{"eval", "--config", "../../recal.toml", "--checkpoint", ck, "--split", "weird"}, 2, "", "weird", true},
+		{"val split with nothing held out", []string{"eval", "--config", "../../recal.toml", "--checkpoint", ck, "--split", "val", "--set", "data.val_per_dataset=0"}, 2, "", "data.val_per_dataset is 0", true},
 		{"unknown router", []string{"eval", "--config", "../../recal.toml", "--checkpoint", ck, "--routers", "oracle"}, 2, "", "oracle", true},
 		{"eval on a folder that is not a policy", []string{"eval", "--config", "../../recal.toml", "--checkpoint", t.TempDir(), "--routers", "random", "--split", "id"}, 1, "", "is not a policy", true},
 	}
