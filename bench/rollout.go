@@ -70,7 +70,7 @@ func scriptedRollout(latency time.Duration, decodeThreads, workers int) ([]route
 	if err != nil {
 		return nil, router.Stats{}, 0, err
 	}
-	env, err := rollout.NewEnv(cfg, eng, rollout.AnswerBank(train), nil)
+	env, err := rollout.NewEnv(cfg.Rollout(), eng, rollout.AnswerBank(train), nil)
 	if err != nil {
 		return nil, router.Stats{}, 0, err
 	}

@@ -786,3 +786,17 @@ func Diff(a, b Config) ([]string, error) {
 	sort.Strings(out)
 	return out, nil
 }
+
+// Rollout is what a policy's routing environment reads of the whole
+// configuration (internal/rollout's NewEnv and Open): the pool, the
+// protocol, and how the policy is opened and decodes.
+type Rollout struct {
+	Pool   llmpool.Config
+	Router router.Config
+	Policy Policy
+}
+
+// Rollout returns the routing environment's part of c.
+func (c Config) Rollout() Rollout {
+	return Rollout{Pool: c.Pool, Router: c.Router, Policy: c.Policy}
+}

@@ -112,7 +112,7 @@ func decomposeSetup(t *testing.T, pc llmpool.Config) eval.Setup {
 		t.Fatal(err)
 	}
 	cfg.Pool = pc
-	env, err := rollout.NewEnv(cfg, nil, nil, nil)
+	env, err := rollout.NewEnv(cfg.Rollout(), nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -48,7 +48,7 @@ func fixtureWith(t *testing.T, ck string, opts torchbridge.Options) fixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { eng.Close() })
-	env, err := rollout.NewEnv(cfg, eng, rollout.AnswerBank(qs), nil)
+	env, err := rollout.NewEnv(cfg.Rollout(), eng, rollout.AnswerBank(qs), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,7 +29,7 @@ func TestReferencesOnSimulatedPool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	env, err := rollout.NewEnv(cfg, nil, rollout.AnswerBank(qs), nil)
+	env, err := rollout.NewEnv(cfg.Rollout(), nil, rollout.AnswerBank(qs), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

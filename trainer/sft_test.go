@@ -27,7 +27,7 @@ func TestUntrustedTextStaysPlain(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer eng.Close()
-	env, err := rollout.NewEnv(cfg, eng, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	env, err := rollout.NewEnv(cfg.Rollout(), eng, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +109,7 @@ func TestAgreeDemos(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer eng.Close()
-			env, err := rollout.NewEnv(cfg, eng, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			env, err := rollout.NewEnv(cfg.Rollout(), eng, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -99,7 +99,7 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 	}
 	// The pool reads its API keys from the environment: a missing one stops
 	// the job here.
-	if err := rollout.CheckPool(cfg); err != nil {
+	if err := rollout.CheckPool(cfg.Pool); err != nil {
 		return err
 	}
 
@@ -141,7 +141,7 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 		return err
 	}
 	// Each rank gets its share of the pool's global limits.
-	ec := cfg
+	ec := cfg.Rollout()
 	ec.Pool = SharePool(cfg.Pool, r.Rank(), r.Size(), log)
 	env, err := rollout.NewEnv(ec, eng, rollout.AnswerBank(trainSet, valSet), log)
 	if err != nil {

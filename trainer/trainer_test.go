@@ -292,7 +292,7 @@ func TestDemoAnswerWeight(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer eng.Close()
-	env, err := rollout.NewEnv(cfg, eng, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	env, err := rollout.NewEnv(cfg.Rollout(), eng, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -344,7 +344,7 @@ func TestDemoAnswerWeight(t *testing.T) {
 	for i := range failing.Pool.Models {
 		failing.Pool.Models[i].Sim.FailureRate = 1
 	}
-	fenv, err := rollout.NewEnv(failing, eng, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	fenv, err := rollout.NewEnv(failing.Rollout(), eng, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}

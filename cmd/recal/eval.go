@@ -13,6 +13,7 @@ import (
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/data"
 	"github.com/recal-project/recal/eval"
+	"github.com/recal-project/recal/eval/embed"
 	"github.com/recal-project/recal/internal/rollout"
 )
 
@@ -78,16 +79,27 @@ func knnLogOf(cmd *cli.Command, checkpoint string) string {
 	return eval.RunRollouts(checkpoint)
 }
 
-// evalSetup opens the policy and the pool (with the extra models).
+// evalSetup opens the policy (on policy.device, in policy.dtype) and the
+// pool (with the extra models), and sets up the evaluation with what cfg
+// decides (eval.batch, the seed, the pool, [embedding] and its cache beside
+// the pool's) and the flags' choices of routers.
 func evalSetup(cmd *cli.Command, cfg config.Config, checkpoint string, qs []data.Example) (eval.Setup, func(), error) {
 	cfg, err := withExtraModels(cfg, cmd.String("extra-models"))
 	if err != nil {
 		return eval.Setup{}, nil, err
 	}
-	s, closeAll, err := eval.Open(cfg, checkpoint, qs, slog.Default())
+	// The pool's simulated models draw wrong answers from the golden answers
+	// of the training, validation and test questions.
+	train, val, err := cfg.Data.LoadTrain()
 	if err != nil {
 		return eval.Setup{}, nil, err
 	}
+	env, closeAll, err := rollout.Open(cfg.Rollout(), checkpoint, rollout.AnswerBank(train, val, qs), slog.Default())
+	if err != nil {
+		return eval.Setup{}, nil, err
+	}
+	s := eval.Setup{Env: env, Batch: cfg.Eval.Batch, Seed: cfg.Train.Seed, Pool: cfg.Pool, Embedding: cfg.Embedding,
+		EmbeddingCache: embed.CacheDir(cfg.Pool.CacheDir), InDomain: cfg.Data.InDomain()}
 	s.Largest, s.Selector, s.KNNLog, s.KNNK = cmd.String("largest"), cmd.String("selector"), knnLogOf(cmd, checkpoint), int(cmd.Int("knn-k"))
 	s.SFTCheckpoint, s.CoTTemplate, s.RouterDir = cmd.String("sft-checkpoint"), cmd.String("cot-template"), cmd.String("router-dir")
 	s.Outcomes, s.CascadeThreshold = cmd.String("outcomes"), cmd.Float64("cascade-threshold")

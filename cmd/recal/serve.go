@@ -78,7 +78,7 @@ func runServe(ctx context.Context, cmd *cli.Command) error {
 		return usageError{err}
 	}
 	// The pool's API-key variables are read now, before the port is taken.
-	if err := rollout.CheckPool(cfg); err != nil {
+	if err := rollout.CheckPool(cfg.Pool); err != nil {
 		return err
 	}
 	var trace io.Writer
@@ -107,7 +107,7 @@ func runServe(ctx context.Context, cmd *cli.Command) error {
 	if err := setThreadsFrom(cmd, decodingThreads(cfg.Policy)); err != nil {
 		return err
 	}
-	env, closeAll, err := rollout.Open(cfg, ck, nil, slog.Default())
+	env, closeAll, err := rollout.Open(cfg.Rollout(), ck, nil, slog.Default())
 	if err != nil {
 		return err
 	}

@@ -217,7 +217,7 @@ func references(ctx context.Context, cfg config.Config, qs []data.Example, dir s
 	if err != nil {
 		return nil, err
 	}
-	env, err := rollout.NewEnv(cfg, nil, rollout.AnswerBank(train, val, qs), log)
+	env, err := rollout.NewEnv(cfg.Rollout(), nil, rollout.AnswerBank(train, val, qs), log)
 	if err != nil {
 		return nil, err
 	}
@@ -246,7 +246,7 @@ func evalVariant(ctx context.Context, vc config.Config, dir, split string, qs []
 	if err != nil {
 		return eval.Row{}, nil, err
 	}
-	env, err := rollout.NewEnv(vc, eng, rollout.AnswerBank(train, val, qs), log)
+	env, err := rollout.NewEnv(vc.Rollout(), eng, rollout.AnswerBank(train, val, qs), log)
 	if err != nil {
 		return eval.Row{}, nil, err
 	}

@@ -135,7 +135,7 @@ func Run(ctx context.Context, cfg config.Config, qs []data.Example, o Options) (
 	if err != nil {
 		return Report{}, err
 	}
-	env, err := rollout.NewEnv(cfg, nil, rollout.AnswerBank(train, val, qs), o.Log)
+	env, err := rollout.NewEnv(cfg.Rollout(), nil, rollout.AnswerBank(train, val, qs), o.Log)
 	if err != nil {
 		return Report{}, err
 	}

@@ -268,7 +268,7 @@ func references(ctx context.Context, cfg config.Config, qs []data.Example, dir s
 	if err != nil {
 		return nil, 0, err
 	}
-	env, err := rollout.NewEnv(cfg, nil, rollout.AnswerBank(train, val, qs), o.Log)
+	env, err := rollout.NewEnv(cfg.Rollout(), nil, rollout.AnswerBank(train, val, qs), o.Log)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -300,7 +300,7 @@ func openSetup(cfg config.Config, ck string, qs []data.Example, o Options) (*row
 		eng.Close()
 		return nil, err
 	}
-	env, err := rollout.NewEnv(cfg, eng, rollout.AnswerBank(train, val, qs), o.Log)
+	env, err := rollout.NewEnv(cfg.Rollout(), eng, rollout.AnswerBank(train, val, qs), o.Log)
 	if err != nil {
 		eng.Close()
 		return nil, err

@@ -120,15 +120,15 @@ func ToInt32(ids []int) []int32 {
 	return out
 }
 
-// Open opens checkpoint ck (on policy.device, in policy.dtype) in cfg's
+// Open opens checkpoint ck (on rc.Policy's device and dtype) in rc's
 // routing environment (NewEnv, whose pool draws wrong answers from bank).
 // close closes the environment's pool and the policy.
-func Open(cfg config.Config, ck string, bank map[string][]string, log *slog.Logger) (env *Env, close func(), err error) {
-	eng, err := OpenEngine(ck, torchbridge.Options{Device: cfg.Policy.Device, DType: cfg.Policy.DType, EagerDecode: cfg.Policy.EagerDecode})
+func Open(rc config.Rollout, ck string, bank map[string][]string, log *slog.Logger) (env *Env, close func(), err error) {
+	eng, err := OpenEngine(ck, torchbridge.Options{Device: rc.Policy.Device, DType: rc.Policy.DType, EagerDecode: rc.Policy.EagerDecode})
 	if err != nil {
 		return nil, nil, fmt.Errorf("checkpoint %s is not a policy: %w", ck, err)
 	}
-	if env, err = NewEnv(cfg, eng, bank, log); err != nil {
+	if env, err = NewEnv(rc, eng, bank, log); err != nil {
 		eng.Close()
 		return nil, nil, err
 	}

@@ -67,24 +67,24 @@ func AnswerBank(sets ...[]data.Example) map[string][]string {
 
 // NewEnv builds the pool (API keys are read from the environment here, before
 // any work) and the prompt.
-func NewEnv(cfg config.Config, eng *Engine, bank map[string][]string, log *slog.Logger) (*Env, error) {
-	pool, err := llmpool.New(cfg.Pool, llmpool.WithLogger(log), llmpool.WithAnswerBank(bank))
+func NewEnv(rc config.Rollout, eng *Engine, bank map[string][]string, log *slog.Logger) (*Env, error) {
+	pool, err := llmpool.New(rc.Pool, llmpool.WithLogger(log), llmpool.WithAnswerBank(bank))
 	if err != nil {
 		return nil, err
 	}
-	prompt, err := router.NewPrompt(cfg.Router.PromptTemplate, pool.Models(), cfg.Router.MaxTurns)
+	prompt, err := router.NewPrompt(rc.Router.PromptTemplate, pool.Models(), rc.Router.MaxTurns)
 	if err != nil {
 		pool.Close()
 		return nil, err
 	}
-	return &Env{Engine: eng, Pool: pool, Prompt: prompt, Router: cfg.Router, DecodeThreads: cfg.Policy.DecodeThreads,
-		RolloutWorkers: cfg.Policy.RolloutWorkers, prompts: map[string][]int32{}}, nil
+	return &Env{Engine: eng, Pool: pool, Prompt: prompt, Router: rc.Router, DecodeThreads: rc.Policy.DecodeThreads,
+		RolloutWorkers: rc.Policy.RolloutWorkers, prompts: map[string][]int32{}}, nil
 }
 
 // CheckPool builds the pool once to surface configuration and environment
 // errors (a missing API-key variable) before any work starts.
-func CheckPool(cfg config.Config) error {
-	pool, err := llmpool.New(cfg.Pool)
+func CheckPool(pc llmpool.Config) error {
+	pool, err := llmpool.New(pc)
 	if err != nil {
 		return err
 	}

@@ -28,7 +28,7 @@ func Open(t testing.TB, ck string, cfg config.Config) *rollout.Env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { eng.Close() })
-	env, err := rollout.NewEnv(cfg, eng, nil, nil)
+	env, err := rollout.NewEnv(cfg.Rollout(), eng, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
