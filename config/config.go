@@ -219,11 +219,13 @@ type PPO struct {
 // starting policy: ppo.kl_coef under train.algorithm "ppo" (in the reward),
 // else train.kl_coef (in GRPO's loss). A run keeps that reference policy in
 // memory when it is > 0.
-func (c Config) KLCoef() float64 {
-	if c.Train.Algorithm == "ppo" {
-		return c.PPO.KLCoef
+func (c Config) KLCoef() float64 { return klCoef(c.Train, c.PPO) }
+
+func klCoef(t Train, p PPO) float64 {
+	if t.Algorithm == "ppo" {
+		return p.KLCoef
 	}
-	return c.Train.KLCoef
+	return t.KLCoef
 }
 
 // DefaultPPO returns the [ppo] defaults.
@@ -398,9 +400,9 @@ func Default() Config {
 // (and the defaults of path keys it leaves out) are resolved against the
 // file's folder; a relative path given by a set is taken relative to the
 // working directory, as any command-line path is; a replayed pool model's
-// replay.log is resolved against the file's folder too. With a replayed
-// model, Load also reads [data] and the log, and fails naming the first
-// question of [data] the log has no row for.
+// replay.log is resolved against the file's folder too. Load reads no other
+// file: checking a replayed model's log against [data] is the commands'
+// preflight step (cmd/recal/internal/preflight, Replay).
 func Load(path string, sets []string) (Config, error) {
 	b, err := inputfile.ReadFile(path, inputfile.ConfigLimit)
 	if err != nil {
@@ -742,22 +744,11 @@ func (c *Config) Write(path string) error {
 // Diff lists the dotted keys whose values differ between two configurations
 // as Write encodes them (a list, such as pool.models, counts as one value).
 func Diff(a, b Config) ([]string, error) {
-	tree := func(c Config) (map[string]any, error) {
-		var buf bytes.Buffer
-		if err := toml.NewEncoder(&buf).Encode(c); err != nil {
-			return nil, fmt.Errorf("config: %w", err)
-		}
-		m := map[string]any{}
-		if _, err := toml.Decode(buf.String(), &m); err != nil {
-			return nil, fmt.Errorf("config: %w", err)
-		}
-		return m, nil
-	}
-	ta, err := tree(a)
+	ta, err := a.tree()
 	if err != nil {
 		return nil, err
 	}
-	tb, err := tree(b)
+	tb, err := b.tree()
 	if err != nil {
 		return nil, err
 	}
@@ -800,3 +791,49 @@ type Rollout struct {
 func (c Config) Rollout() Rollout {
 	return Rollout{Pool: c.Pool, Router: c.Router, Policy: c.Policy}
 }
+
+// Training is what a training run reads (trainer.Train): the tables that
+// decide what it computes and how, and the whole configuration as the
+// Record the run keeps in its folder. Evaluation's, serving's and the
+// baseline routers' tables are not among them: a run never reads them.
+type Training struct {
+	Policy      Policy
+	Data        data.Config
+	Pool        llmpool.Config
+	Router      router.Config
+	Calibration calibration.Config
+	Train       Train
+	PPO         PPO
+	SFT         SFT
+	Dist        Dist
+	// EvalBatch is eval.batch: the questions validation decodes at once.
+	EvalBatch int
+	// Record is the whole configuration, which the run writes into its
+	// folder (config.toml) and which a resume compares with the run's.
+	Record Record
+}
+
+// Record is a whole configuration as a run keeps it: the trainer writes it
+// and compares it with a run's file, and reads none of its keys.
+type Record interface {
+	// Write writes every key as TOML to path.
+	Write(path string) error
+	// ChangesFrom lists the keys whose values differ from the configuration
+	// file of a run at path, but the ones a resume may change
+	// (OperationalKeys).
+	ChangesFrom(path string) ([]Change, error)
+}
+
+// Training returns the part of c a training run reads, with c as its Record.
+func (c Config) Training() Training {
+	return Training{Policy: c.Policy, Data: c.Data, Pool: c.Pool, Router: c.Router, Calibration: c.Calibration,
+		Train: c.Train, PPO: c.PPO, SFT: c.SFT, Dist: c.Dist, EvalBatch: c.Eval.Batch, Record: &c}
+}
+
+// Rollout returns the routing environment's part of t.
+func (t Training) Rollout() Rollout {
+	return Rollout{Pool: t.Pool, Router: t.Router, Policy: t.Policy}
+}
+
+// KLCoef is the KL weight of the algorithm t trains with (Config.KLCoef).
+func (t Training) KLCoef() float64 { return klCoef(t.Train, t.PPO) }

@@ -17,7 +17,7 @@ import (
 // algorithms registers the policy-gradient algorithms train.algorithm
 // chooses from, each built from the configuration by the same signature.
 // Train looks the name up once; nothing else asks which one runs.
-var algorithms = map[string]func(cfg config.Config) algorithm{
+var algorithms = map[string]func(cfg config.Training) algorithm{
 	"grpo": newGRPO,
 	"ppo":  newPPO,
 }
@@ -26,7 +26,7 @@ var algorithms = map[string]func(cfg config.Config) algorithm{
 func Algorithms() []string { return slices.Sorted(maps.Keys(algorithms)) }
 
 // newAlgorithm builds the algorithm cfg.Train.Algorithm names.
-func newAlgorithm(cfg config.Config) (algorithm, error) {
+func newAlgorithm(cfg config.Training) (algorithm, error) {
 	mk, ok := algorithms[cfg.Train.Algorithm]
 	if !ok {
 		return nil, fmt.Errorf("trainer: train.algorithm = %q: unknown; known algorithms: %s", cfg.Train.Algorithm, strings.Join(Algorithms(), ", "))
@@ -76,7 +76,7 @@ type stepBatch struct {
 // in the loss (docs/method.md, sections 5 and 6).
 type grpo struct{ cal calibration.Config }
 
-func newGRPO(cfg config.Config) algorithm { return grpo{cal: cfg.Calibration} }
+func newGRPO(cfg config.Training) algorithm { return grpo{cal: cfg.Calibration} }
 
 func (grpo) prepare(*torchbridge.Policy, string, bool) error { return nil }
 

@@ -35,7 +35,7 @@ func newBestRun(t *testing.T, eng *rollout.Engine, cfg config.Config, plan runPl
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := openRun(plan, cfg)
+	r, err := openRun(plan, cfg.Training())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,7 +168,7 @@ func TestBestCheckpoint(t *testing.T) {
 	if err := b.step(6, 0.9); !errors.Is(err, errCrash) {
 		t.Fatalf("step 6 with a crash before switching last: %v", err)
 	}
-	plan, err := inspectRun(run, cfg, true, false)
+	plan, err := inspectRun(run, cfg.Training(), true, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +198,7 @@ func TestBestCheckpoint(t *testing.T) {
 	// leaves the one a run has as it is.
 	off := cfg
 	off.Train.KeepBest = false
-	if plan, err := inspectRun(run, off, true, true); err != nil || plan.best.Checkpoint != "" {
+	if plan, err := inspectRun(run, off.Training(), true, true); err != nil || plan.best.Checkpoint != "" {
 		t.Errorf("keep_best off: the resume recovered %+v (%v), want no best", plan.best, err)
 	}
 }
@@ -253,11 +253,11 @@ func TestBestCheckpointSurvivesACrashAtEveryOperation(t *testing.T) {
 		if k > lastAt {
 			want = 4 // last names step-4, and its validation is the best
 		}
-		plan, err := inspectRun(b.r.dir, cfg, true, false)
+		plan, err := inspectRun(b.r.dir, cfg.Training(), true, false)
 		if err != nil {
 			t.Fatalf("crash at %q: resume: %v", at, err)
 		}
-		r, err := openRun(plan, cfg)
+		r, err := openRun(plan, cfg.Training())
 		if err != nil {
 			t.Fatalf("crash at %q: reopening the run: %v", at, err)
 		}

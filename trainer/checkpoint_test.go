@@ -78,7 +78,7 @@ func TestCheckpointFailureLeavesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := openRun(runPlan{dir: filepath.Join(t.TempDir(), "run")}, cfg)
+	r, err := openRun(runPlan{dir: filepath.Join(t.TempDir(), "run")}, cfg.Training())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +212,7 @@ func TestCheckpointSurvivesACrashAtEveryOperation(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				r, err := openRun(runPlan{dir: filepath.Join(t.TempDir(), "run")}, cfg)
+				r, err := openRun(runPlan{dir: filepath.Join(t.TempDir(), "run")}, cfg.Training())
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -250,7 +250,7 @@ func TestCheckpointSurvivesACrashAtEveryOperation(t *testing.T) {
 	// a checkpoint or a resume) touches nothing: rewriting it would remove
 	// the folder last names.
 	sampler, _ := data.NewSampler(examples, 0)
-	r, err := openRun(runPlan{dir: filepath.Join(t.TempDir(), "run")}, cfg)
+	r, err := openRun(runPlan{dir: filepath.Join(t.TempDir(), "run")}, cfg.Training())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,7 +267,7 @@ func TestCheckpointSurvivesACrashAtEveryOperation(t *testing.T) {
 		t.Errorf("checkpointing another state under the name last names succeeded, want an error")
 	}
 	// Likewise step-0 right after the sft checkpoint: the same state.
-	r2, err := openRun(runPlan{dir: filepath.Join(t.TempDir(), "run")}, cfg)
+	r2, err := openRun(runPlan{dir: filepath.Join(t.TempDir(), "run")}, cfg.Training())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -295,7 +295,7 @@ func checkAfterCrash(t *testing.T, run string, cfg config.Config, want string, s
 	if filepath.Base(last) != want && !(want == "" && last == "") {
 		t.Fatalf("crash at %q: last names %q, want %q", at, last, want)
 	}
-	plan, err := inspectRun(run, cfg, true, false)
+	plan, err := inspectRun(run, cfg.Training(), true, false)
 	if err != nil {
 		t.Fatalf("crash at %q: resume: %v", at, err)
 	}
@@ -325,7 +325,7 @@ func checkAfterCrash(t *testing.T, run string, cfg config.Config, want string, s
 			t.Fatalf("crash at %q: last's trainer state is at step %d, want %s", at, st.Step, want)
 		}
 	}
-	r, err := openRun(plan, cfg)
+	r, err := openRun(plan, cfg.Training())
 	if err != nil {
 		t.Fatalf("crash at %q: reopening the run: %v", at, err)
 	}

@@ -25,7 +25,7 @@ func TestTrainCostReward(t *testing.T) {
 	cfg := testConfig(t, microCheckpoint(t), "train.steps=2",
 		`calibration.gated=["info", "format", "route", "balance", "cost"]`, "calibration.weights.cost=0.5")
 	run := filepath.Join(t.TempDir(), "run")
-	if err := trainer.Train(context.Background(), cfg, trainer.Options{RunDir: run}); err != nil {
+	if err := trainer.Train(context.Background(), cfg.Training(), trainer.Options{RunDir: run}); err != nil {
 		t.Fatal(err)
 	}
 	pool, err := llmpool.New(cfg.Pool)

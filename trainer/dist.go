@@ -250,7 +250,7 @@ func allGather[T any](ctx context.Context, g procgroup.Group, what string, v T) 
 
 // checkWorld refuses, before any work, a job the world size cannot run:
 // every rank must hold the same number of whole groups.
-func checkWorld(cfg config.Config, size int) error {
+func checkWorld(cfg config.Training, size int) error {
 	if size <= 1 {
 		return nil
 	}

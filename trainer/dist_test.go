@@ -97,7 +97,7 @@ func TestTrainRankHelper(t *testing.T) {
 	if os.Getenv("RECAL_TRAIN_RANK_DEBUG") == "1" {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	err = trainer.Train(ctx, cfg, trainer.Options{RunDir: run, Group: g, Resume: os.Getenv("RECAL_TRAIN_RANK_RESUME") == "1", Log: log})
+	err = trainer.Train(ctx, cfg.Training(), trainer.Options{RunDir: run, Group: g, Resume: os.Getenv("RECAL_TRAIN_RANK_RESUME") == "1", Log: log})
 	if err != nil {
 		fmt.Printf("rank %d: train: %v\n", l.Rank, err)
 		t.Fatal(err)
@@ -150,7 +150,7 @@ func TestTrainDataParallel(t *testing.T) {
 		return ranksWith(t, run, sets, env...)
 	}
 	one := filepath.Join(t.TempDir(), "one")
-	if err := trainer.Train(context.Background(), testConfig(t, ck, append(append([]string{}, distSets...), sets...)...), trainer.Options{RunDir: one}); err != nil {
+	if err := trainer.Train(context.Background(), testConfig(t, ck, append(append([]string{}, distSets...), sets...)...).Training(), trainer.Options{RunDir: one}); err != nil {
 		t.Fatal(err)
 	}
 	two := filepath.Join(t.TempDir(), "two")
@@ -243,7 +243,7 @@ func TestTrainDataParallel(t *testing.T) {
 	})
 	t.Run("--resume with one process finishes", func(t *testing.T) {
 		cfg := testConfig(t, ck, append(append([]string{}, distSets...), sets...)...)
-		if err := trainer.Train(context.Background(), cfg, trainer.Options{RunDir: resumed1, Resume: true}); err != nil {
+		if err := trainer.Train(context.Background(), cfg.Training(), trainer.Options{RunDir: resumed1, Resume: true}); err != nil {
 			t.Fatal(err)
 		}
 		compareRuns(t, two, resumed1, match{exactUpTo: 4, weights: map[string]float64{"step-4": 0}})
@@ -255,7 +255,7 @@ func TestTrainDataParallel(t *testing.T) {
 		// process's micro-batches those same responses.
 		mb := []string{"train.steps=2", "train.checkpoint_every=1", "train.mini_batches=2", "train.micro_batch=1"}
 		one := filepath.Join(t.TempDir(), "one-mb2")
-		if err := trainer.Train(context.Background(), testConfig(t, ck, append(append([]string{}, distSets...), mb...)...), trainer.Options{RunDir: one}); err != nil {
+		if err := trainer.Train(context.Background(), testConfig(t, ck, append(append([]string{}, distSets...), mb...)...).Training(), trainer.Options{RunDir: one}); err != nil {
 			t.Fatal(err)
 		}
 		two := filepath.Join(t.TempDir(), "two-mb2")

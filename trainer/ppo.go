@@ -34,7 +34,7 @@ type ppo struct {
 	micro int     // train.micro_batch: responses per forward pass of the values
 }
 
-func newPPO(cfg config.Config) algorithm {
+func newPPO(cfg config.Training) algorithm {
 	return ppo{cfg: cfg.PPO, kl: cfg.PPO.KLCoef, micro: cfg.Train.MicroBatch}
 }
 

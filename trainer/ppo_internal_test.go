@@ -183,7 +183,7 @@ func TestPPOKLCoefIsItsOwn(t *testing.T) {
 				OldLogp: []float32{0, -1, -1, -1}, RefLogp: []float32{0, -2, -2, -2}, OldValues: make([]float32, 4)}
 			b := &stepBatch{qs: []data.Example{{ID: "nq/1", Dataset: "nq"}}, g: 1, st: &State{},
 				seqs: []torchbridge.Sequence{s}, rewards: []router.Rewards{{Format: 1, Ans: 1, EM: 1}}, samples: []router.Sample{{}}}
-			newPPO(cfg).(ppo).fill(b)
+			newPPO(cfg.Training()).(ppo).fill(b)
 			want := 1 - 3*c.beta
 			if got := float64(b.ppo[0].Advantages[0]); !near(got, want, 1e-6) {
 				t.Errorf("first advantage %g, want 1 − 3·β = %g with β = %g: the in-reward KL must use ppo.kl_coef", got, want, c.beta)
@@ -206,7 +206,7 @@ func TestGAEReferenceSynthetic(t *testing.T) {
 	if err := cfg.Write(filepath.Join(dir, "config.toml")); err != nil {
 		t.Fatal(err)
 	}
-	a := newPPO(cfg).(ppo)
+	a := newPPO(cfg.Training()).(ppo)
 	r := rand.New(rand.NewSource(11))
 	st := &State{}
 	var lines []string
@@ -316,7 +316,7 @@ func TestGAEReferenceSynthetic(t *testing.T) {
 func TestPPOConstrainedTokensCarryNoKL(t *testing.T) {
 	cfg := config.Default()
 	cfg.Train.Algorithm, cfg.PPO.KLCoef = "ppo", 0.1
-	a := newPPO(cfg).(ppo)
+	a := newPPO(cfg.Training()).(ppo)
 	const prompt, n = 3, 8
 	s := torchbridge.Sequence{Tokens: make([]int32, prompt+n), Mask: make([]float32, prompt+n), OldLogp: make([]float32, prompt+n),
 		RefLogp: make([]float32, prompt+n), OldValues: make([]float32, prompt+n)}

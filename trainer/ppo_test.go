@@ -61,7 +61,7 @@ func TestPPOMatchesReference(t *testing.T) {
 	ck := microCheckpoint(t)
 	run := filepath.Join(t.TempDir(), "run")
 	cfg := testConfig(t, ck, append(ppoSets, "train.steps=3", "train.checkpoint_every=3", "train.validate_every=0")...)
-	if err := trainer.Train(context.Background(), cfg, trainer.Options{RunDir: run}); err != nil {
+	if err := trainer.Train(context.Background(), cfg.Training(), trainer.Options{RunDir: run}); err != nil {
 		t.Fatal(err)
 	}
 	code, d, out := gaeReference(t, run)
@@ -128,14 +128,14 @@ func TestPPOResumeMatchesUninterrupted(t *testing.T) {
 	ck := microCheckpoint(t)
 	cfg := testConfig(t, ck, append(ppoSets, "sft.steps=0", "ppo.kl_coef=0", "train.checkpoint_every=1", "train.validate_every=0")...)
 	full := filepath.Join(t.TempDir(), "full")
-	if err := trainer.Train(context.Background(), cfg, trainer.Options{RunDir: full}); err != nil {
+	if err := trainer.Train(context.Background(), cfg.Training(), trainer.Options{RunDir: full}); err != nil {
 		t.Fatal(err)
 	}
 	part := filepath.Join(t.TempDir(), "part")
-	if err := trainer.Train(context.Background(), cfg, trainer.Options{RunDir: part, StopAfter: 2}); !errors.Is(err, trainer.ErrInterrupted) {
+	if err := trainer.Train(context.Background(), cfg.Training(), trainer.Options{RunDir: part, StopAfter: 2}); !errors.Is(err, trainer.ErrInterrupted) {
 		t.Fatalf("stopping after 2 steps: %v, want ErrInterrupted", err)
 	}
-	if err := trainer.Train(context.Background(), cfg, trainer.Options{RunDir: part, Resume: true}); err != nil {
+	if err := trainer.Train(context.Background(), cfg.Training(), trainer.Options{RunDir: part, Resume: true}); err != nil {
 		t.Fatalf("resume: %v", err)
 	}
 	a, b := readJSONL(t, filepath.Join(full, "metrics.jsonl")), readJSONL(t, filepath.Join(part, "metrics.jsonl"))
@@ -180,7 +180,7 @@ func TestPPOResumeMatchesUninterrupted(t *testing.T) {
 		t.Fatal(err)
 	}
 	longer := testConfig(t, ck, append(ppoSets, "sft.steps=0", "ppo.kl_coef=0", "train.checkpoint_every=1", "train.validate_every=0", "train.steps=5")...)
-	err := trainer.Train(context.Background(), longer, trainer.Options{RunDir: part, Resume: true})
+	err := trainer.Train(context.Background(), longer.Training(), trainer.Options{RunDir: part, Resume: true})
 	if err == nil || !strings.Contains(err.Error(), "value_head.safetensors") {
 		t.Errorf("resuming from a checkpoint without its value head: %v, want an error naming value_head.safetensors", err)
 	}
@@ -191,7 +191,7 @@ func TestPPOResumeMatchesUninterrupted(t *testing.T) {
 func TestUnknownAlgorithm(t *testing.T) {
 	ck := microCheckpoint(t)
 	run := filepath.Join(t.TempDir(), "run")
-	err := trainer.Train(context.Background(), testConfig(t, ck, "train.algorithm=dpo"), trainer.Options{RunDir: run})
+	err := trainer.Train(context.Background(), testConfig(t, ck, "train.algorithm=dpo").Training(), trainer.Options{RunDir: run})
 	if err == nil || !strings.Contains(err.Error(), `"dpo"`) || !strings.Contains(err.Error(), "grpo, ppo") {
 		t.Fatalf("train.algorithm = dpo: %v, want an error naming it and listing grpo, ppo", err)
 	}

@@ -61,7 +61,7 @@ func TestFailedStartLeavesNoRunFolder(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			os.Unsetenv("RECAL_TEST_START_KEY")
 			run := filepath.Join(t.TempDir(), "runs", "x")
-			err := trainer.Train(context.Background(), c.bad, trainer.Options{RunDir: run})
+			err := trainer.Train(context.Background(), c.bad.Training(), trainer.Options{RunDir: run})
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("first attempt: error %v, want one mentioning %q", err, c.want)
 			}
@@ -69,7 +69,7 @@ func TestFailedStartLeavesNoRunFolder(t *testing.T) {
 				t.Fatalf("the failed start left the run folder %s (%v): the next attempt would need --resume or a cleanup", run, err)
 			}
 			c.fix(t)
-			if err := trainer.Train(context.Background(), c.good, trainer.Options{RunDir: run}); err != nil {
+			if err := trainer.Train(context.Background(), c.good.Training(), trainer.Options{RunDir: run}); err != nil {
 				t.Fatalf("second attempt, problem fixed, no --resume: %v", err)
 			}
 		})
@@ -88,7 +88,7 @@ func TestTrainRefusesARunFolderInUse(t *testing.T) {
 	}
 	defer held.Release()
 	for _, resume := range []bool{false, true} {
-		err := trainer.Train(context.Background(), testConfig(t, ck, "sft.steps=0", "train.steps=1"), trainer.Options{RunDir: run, Resume: resume})
+		err := trainer.Train(context.Background(), testConfig(t, ck, "sft.steps=0", "train.steps=1").Training(), trainer.Options{RunDir: run, Resume: resume})
 		want := fmt.Sprintf("in use by pid %d", os.Getpid())
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Fatalf("train (resume %v) on a folder in use: %v; want an error saying %q", resume, err, want)
@@ -114,12 +114,12 @@ func TestResumeConfigChange(t *testing.T) {
 	cfg := testConfig(t, ck, base...)
 	run := filepath.Join(t.TempDir(), "run")
 	ctx := context.Background()
-	if err := trainer.Train(ctx, cfg, trainer.Options{RunDir: run, StopAfter: 1}); !errors.Is(err, trainer.ErrInterrupted) {
+	if err := trainer.Train(ctx, cfg.Training(), trainer.Options{RunDir: run, StopAfter: 1}); !errors.Is(err, trainer.ErrInterrupted) {
 		t.Fatalf("stopping after a step: %v, want ErrInterrupted", err)
 	}
 	// Operational keys only: no flag needed, nothing recorded.
 	ops := testConfig(t, ck, append(base, "train.log_every=3", "policy.threads=1", "train.validate_every=5", "eval.batch=2")...)
-	if err := trainer.Train(ctx, ops, trainer.Options{RunDir: run, Resume: true, StopAfter: 1}); !errors.Is(err, trainer.ErrInterrupted) {
+	if err := trainer.Train(ctx, ops.Training(), trainer.Options{RunDir: run, Resume: true, StopAfter: 1}); !errors.Is(err, trainer.ErrInterrupted) {
 		t.Fatalf("resume with operational changes only: %v, want it to run (and stop after a step)", err)
 	}
 	if _, err := os.Stat(filepath.Join(run, "config-changes.jsonl")); !os.IsNotExist(err) {
@@ -128,7 +128,7 @@ func TestResumeConfigChange(t *testing.T) {
 	before := snapshotFiles(t, run, "config.toml", "metrics.jsonl", "rollouts.jsonl")
 
 	changed := testConfig(t, ck, append(base, "calibration.dataset_normalization=false", "train.lr=0.02", "train.log_every=7")...)
-	err := trainer.Train(ctx, changed, trainer.Options{RunDir: run, Resume: true})
+	err := trainer.Train(ctx, changed.Training(), trainer.Options{RunDir: run, Resume: true})
 	var mismatch *trainer.ConfigMismatchError
 	if !errors.As(err, &mismatch) {
 		t.Fatalf("resume with changed training keys: %v, want a ConfigMismatchError", err)
@@ -156,7 +156,7 @@ func TestResumeConfigChange(t *testing.T) {
 		}
 	}
 
-	if err := trainer.Train(ctx, changed, trainer.Options{RunDir: run, Resume: true, AllowConfigChange: true}); err != nil {
+	if err := trainer.Train(ctx, changed.Training(), trainer.Options{RunDir: run, Resume: true, AllowConfigChange: true}); err != nil {
 		t.Fatalf("resume allowing the change: %v", err)
 	}
 	if now, _ := os.ReadFile(filepath.Join(run, "config.toml")); string(now) != string(before["config.toml"]) {

@@ -18,10 +18,10 @@ import (
 
 // TrainedAs checks that the run in dir, which has checkpoints, was trained
 // with cfg as `recal train --resume` would accept it (CheckResume):
-// every key but OperationalKeys must match the run's configuration,
+// every key but config.OperationalKeys must match the run's configuration,
 // and train.steps too under a decaying train.lr_schedule. A table must not
 // name one configuration and report another's policy.
-func TrainedAs(dir string, cfg config.Config) error {
+func TrainedAs(dir string, cfg config.Training) error {
 	if !exists(filepath.Join(dir, "config.toml")) {
 		return fmt.Errorf("%s has checkpoints but no config.toml: what it was trained with is unknown; remove it to train it again", dir)
 	}

@@ -13,7 +13,7 @@ import (
 // trained with the configuration they would train it with (a table must
 // not name one configuration and report another's policy), and continue an
 // unfinished one: they accept exactly the changes `recal train --resume`
-// accepts (trainer.OperationalKeys), no more and no fewer. Their errors
+// accepts (config.OperationalKeys), no more and no fewer. Their errors
 // carry no command's name: each caller says its own.
 func TestReuseAcceptsWhatResumeAccepts(t *testing.T) {
 	// From the paper's constant schedule, under which more steps continue a
@@ -55,12 +55,12 @@ func TestReuseAcceptsWhatResumeAccepts(t *testing.T) {
 		cos := edit(func(c *config.Config) { c.Train.LRSchedule = "cosine" })
 		d := t.TempDir()
 		testenv.FakeRun(t, d, cos, 300)
-		if err := trainer.TrainedAs(d, cos); err != nil {
+		if err := trainer.TrainedAs(d, cos.Training()); err != nil {
 			t.Fatalf("same config: %v", err)
 		}
 		longer := cos
 		longer.Train.Steps = 400
-		if err := trainer.TrainedAs(d, longer); err == nil || !strings.Contains(err.Error(), "train.steps: 300 in the run, 400 now") {
+		if err := trainer.TrainedAs(d, longer.Training()); err == nil || !strings.Contains(err.Error(), "train.steps: 300 in the run, 400 now") {
 			t.Fatalf("error %v, want one naming train.steps with both values", err)
 		}
 	})
@@ -68,8 +68,8 @@ func TestReuseAcceptsWhatResumeAccepts(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			dir := t.TempDir()
 			testenv.FakeRun(t, dir, cfg, c.step)
-			err := trainer.TrainedAs(dir, c.cfg)
-			if resumeErr := trainer.CheckResume(dir, c.cfg); (err == nil) != (resumeErr == nil) {
+			err := trainer.TrainedAs(dir, c.cfg.Training())
+			if resumeErr := trainer.CheckResume(dir, c.cfg.Training()); (err == nil) != (resumeErr == nil) {
 				t.Errorf("TrainedAs: %v; train --resume's check: %v; want both to accept or both to refuse", err, resumeErr)
 			}
 			var done bool

@@ -65,21 +65,24 @@ type runDir struct {
 type runPlan struct {
 	dir     string
 	resume  bool
-	last    string         // the checkpoint to continue from ("" = the start)
-	state   State          // its trainer state
-	changes []ConfigChange // allowed configuration changes to record
-	best    bestCheckpoint // the best validation up to last (train.keep_best; "" Checkpoint: none)
+	last    string          // the checkpoint to continue from ("" = the start)
+	state   State           // its trainer state
+	changes []config.Change // allowed configuration changes to record
+	best    bestCheckpoint  // the best validation up to last (train.keep_best; "" Checkpoint: none)
 }
 
 // inspectRun reads the run folder and decides, writing nothing: a new run
 // needs a folder that holds no run; a resumed one continues from the
 // checkpoint checkpoints/last names (none: from the start) with a
-// configuration whose training keys match the run's (see OperationalKeys),
+// configuration whose training keys match the run's (see config.OperationalKeys),
 // unless allowChange.
-func inspectRun(dir string, cfg config.Config, resume, allowChange bool) (runPlan, error) {
+func inspectRun(dir string, cfg config.Training, resume, allowChange bool) (runPlan, error) {
 	p := runPlan{dir: dir, resume: resume}
 	if dir == "" {
 		return p, fmt.Errorf("trainer: no run folder")
+	}
+	if cfg.Record == nil {
+		return p, fmt.Errorf("trainer: the configuration has no Record to keep in the run folder (build it with config.Config.Training)")
 	}
 	ck := filepath.Join(dir, "checkpoints")
 	if !resume {
@@ -109,7 +112,7 @@ func inspectRun(dir string, cfg config.Config, resume, allowChange bool) (runPla
 	if err != nil || from == "" {
 		return p, err
 	}
-	if p.changes, err = configChanges(from, cfg); err != nil {
+	if p.changes, err = cfg.Record.ChangesFrom(from); err != nil {
 		return p, err
 	}
 	if len(p.changes) > 0 && !allowChange {
@@ -121,7 +124,7 @@ func inspectRun(dir string, cfg config.Config, resume, allowChange bool) (runPla
 // openRun creates or continues the run folder of a plan: it records the
 // configuration, removes what a resume does not continue and opens the logs,
 // truncated to the checkpoint a resume continues from.
-func openRun(p runPlan, cfg config.Config) (*runDir, error) {
+func openRun(p runPlan, cfg config.Training) (*runDir, error) {
 	r := &runDir{dir: p.dir, last: p.last}
 	ck := filepath.Join(p.dir, "checkpoints")
 	var err error
@@ -181,7 +184,7 @@ func followRun(p runPlan) *runDir { return &runDir{dir: p.dir, last: p.last, fol
 // has none) and, for a resume that allowed changes, appends the change to
 // config-changes.jsonl and writes config-<step>.toml; the run's config.toml
 // is never replaced by a resume.
-func recordConfig(p runPlan, cfg config.Config) error {
+func recordConfig(p runPlan, cfg config.Training) error {
 	first := filepath.Join(p.dir, "config.toml")
 	if !p.resume {
 		// A folder without a run may hold the records of an abandoned one.
@@ -242,9 +245,9 @@ func recordConfig(p runPlan, cfg config.Config) error {
 }
 
 // writeConfig writes cfg to path atomically.
-func writeConfig(path string, cfg config.Config) error {
+func writeConfig(path string, cfg config.Training) error {
 	tmp := path + ".tmp"
-	if err := cfg.Write(tmp); err != nil {
+	if err := cfg.Record.Write(tmp); err != nil {
 		return err
 	}
 	f, err := os.Open(tmp)

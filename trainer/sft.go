@@ -257,7 +257,7 @@ type SFTLine struct {
 // runSFT is the supervised warm-up: maximum likelihood of the policy tokens
 // of format demonstrations (BuildDemos), fitted by FitDemos, data-parallel
 // over the ranks of r.
-func runSFT(ctx context.Context, cfg config.Config, env *rollout.Env, r ranks, train []data.Example, run *runDir, log *slog.Logger) error {
+func runSFT(ctx context.Context, cfg config.Training, env *rollout.Env, r ranks, train []data.Example, run *runDir, log *slog.Logger) error {
 	denv := env
 	if cfg.Train.ModelSubsets > 0 { // the warm-up's prompts list subsets as GRPO's do
 		denv = env.WithPrompt(env.Prompt, env.Router)
@@ -279,7 +279,7 @@ func runSFT(ctx context.Context, cfg config.Config, env *rollout.Env, r ranks, t
 // from each batch of sft.batch_size training questions: AdamW with
 // grad-norm clipping and a learning rate decaying linearly from sft.lr to
 // zero. record receives one line per step, tagged with stage.
-func FitDemos(ctx context.Context, cfg config.Config, p *torchbridge.Policy, train []data.Example, stage string,
+func FitDemos(ctx context.Context, cfg config.Training, p *torchbridge.Policy, train []data.Example, stage string,
 	build func(step int, qs []data.Example) ([]Demo, error), record func(SFTLine) error, log *slog.Logger) error {
 	r, err := newRanks(nil, p, false, false)
 	if err != nil {
@@ -305,7 +305,7 @@ type sftPart struct {
 // calls, its slow part with real models, are shared. Its forward and
 // backward passes are repeated on every rank, not split: N ranks warm up
 // no faster than one.
-func fitShared(ctx context.Context, cfg config.Config, p *torchbridge.Policy, r ranks, train []data.Example, stage string,
+func fitShared(ctx context.Context, cfg config.Training, p *torchbridge.Policy, r ranks, train []data.Example, stage string,
 	build func(step int, qs []data.Example) ([]Demo, error), record func(SFTLine) error, log *slog.Logger) error {
 	sampler, err := data.NewSampler(train, cfg.Train.Seed+1)
 	if err != nil {

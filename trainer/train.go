@@ -36,7 +36,7 @@ type Options struct {
 	RunDir string
 	// Resume continues the run in RunDir from checkpoints/last (or starts it
 	// when it has none), with a configuration whose training keys match the
-	// run's: the keys outside OperationalKeys.
+	// run's: the keys outside config.OperationalKeys.
 	Resume bool
 	// AllowConfigChange lets a resume change training keys: the change takes
 	// effect at the step after the checkpoint and is recorded in
@@ -59,7 +59,7 @@ type Options struct {
 // ReCal's calibrated advantages (or the algorithm train.algorithm names),
 // with validation, checkpoints and logs in opt.RunDir. With a process group
 // of N ranks it computes what one process computes (see dist.go).
-func Train(ctx context.Context, cfg config.Config, opt Options) error {
+func Train(ctx context.Context, cfg config.Training, opt Options) error {
 	log := opt.Log
 	if log == nil {
 		log = slog.Default()
@@ -294,7 +294,7 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 		save := st.Step%tc.CheckpointEvery == 0 || last
 		newBest := false
 		if (tc.ValidateEvery > 0 && st.Step%tc.ValidateEvery == 0) || last {
-			v, ok, err := validateShared(ctx, r, env, valSet, cfg.Eval.Batch, st.Step)
+			v, ok, err := validateShared(ctx, r, env, valSet, cfg.EvalBatch, st.Step)
 			if err != nil {
 				return err
 			}
@@ -330,7 +330,7 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 
 // job is what the steps of a training run share.
 type job struct {
-	cfg      config.Config
+	cfg      config.Training
 	r        ranks
 	algo     algorithm
 	env      *rollout.Env

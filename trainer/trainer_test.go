@@ -58,7 +58,7 @@ func TestTrainLearns(t *testing.T) {
 	}
 	ck := microCheckpoint(t)
 	run := filepath.Join(t.TempDir(), "run")
-	if err := trainer.Train(context.Background(), testConfig(t, ck), trainer.Options{RunDir: run}); err != nil {
+	if err := trainer.Train(context.Background(), testConfig(t, ck).Training(), trainer.Options{RunDir: run}); err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range []string{"config.toml", "metrics.jsonl", "rollouts.jsonl", "validation.jsonl", "sft.jsonl",
@@ -132,11 +132,11 @@ func TestResumeMatchesUninterrupted(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := testConfig(t, ck, append([]string{"sft.steps=0"}, c.sets...)...)
 			full := filepath.Join(t.TempDir(), "full")
-			if err := trainer.Train(context.Background(), cfg, trainer.Options{RunDir: full}); err != nil {
+			if err := trainer.Train(context.Background(), cfg.Training(), trainer.Options{RunDir: full}); err != nil {
 				t.Fatal(err)
 			}
 			part := filepath.Join(t.TempDir(), "part")
-			err := trainer.Train(context.Background(), cfg, trainer.Options{RunDir: part, StopAfter: 2})
+			err := trainer.Train(context.Background(), cfg.Training(), trainer.Options{RunDir: part, StopAfter: 2})
 			if !errors.Is(err, trainer.ErrInterrupted) {
 				t.Fatalf("stopping after 2 steps: %v, want ErrInterrupted", err)
 			}
@@ -144,7 +144,7 @@ func TestResumeMatchesUninterrupted(t *testing.T) {
 			f, _ := os.OpenFile(filepath.Join(part, "metrics.jsonl"), os.O_APPEND|os.O_WRONLY, 0)
 			f.WriteString(`{"step":3,"reward":{"an`)
 			f.Close()
-			if err := trainer.Train(context.Background(), cfg, trainer.Options{RunDir: part, Resume: true}); err != nil {
+			if err := trainer.Train(context.Background(), cfg.Training(), trainer.Options{RunDir: part, Resume: true}); err != nil {
 				t.Fatalf("resume: %v", err)
 			}
 			a, b := readJSONL(t, filepath.Join(full, "metrics.jsonl")), readJSONL(t, filepath.Join(part, "metrics.jsonl"))
@@ -245,7 +245,7 @@ provider = "openai"
 	run := filepath.Join(t.TempDir(), "run")
 	t.Setenv("RECAL_TEST_KEY", "")
 	os.Unsetenv("RECAL_TEST_KEY")
-	err = trainer.Train(context.Background(), cfg, trainer.Options{RunDir: run})
+	err = trainer.Train(context.Background(), cfg.Training(), trainer.Options{RunDir: run})
 	if err == nil || !strings.Contains(err.Error(), "RECAL_TEST_KEY") {
 		t.Fatalf("missing API key: %v, want an error naming RECAL_TEST_KEY", err)
 	}
@@ -253,7 +253,7 @@ provider = "openai"
 		t.Errorf("the run folder was created before the missing key was noticed")
 	}
 	t.Setenv("RECAL_TEST_KEY", secret)
-	if err := trainer.Train(context.Background(), cfg, trainer.Options{RunDir: run}); err != nil {
+	if err := trainer.Train(context.Background(), cfg.Training(), trainer.Options{RunDir: run}); err != nil {
 		t.Fatal(err)
 	}
 	if calls.Load() == 0 {
@@ -417,7 +417,7 @@ func TestResetOptimizerAfterSFT(t *testing.T) {
 		t.Run(fmt.Sprintf("reset=%v", c.reset), func(t *testing.T) {
 			run := filepath.Join(t.TempDir(), "run")
 			cfg := testConfig(t, ck, "train.steps=2", "train.validate_every=0", fmt.Sprintf("train.reset_optimizer_after_sft=%v", c.reset))
-			if err := trainer.Train(context.Background(), cfg, trainer.Options{RunDir: run}); err != nil {
+			if err := trainer.Train(context.Background(), cfg.Training(), trainer.Options{RunDir: run}); err != nil {
 				t.Fatal(err)
 			}
 			step, zero := optimizerStep(t, filepath.Join(run, "checkpoints", "sft"))
@@ -485,7 +485,7 @@ func TestSkippedUpdates(t *testing.T) {
 			cfg := testConfig(t, ck, "sft.steps=0", "train.validate_every=0", "train.checkpoint_every=4",
 				fmt.Sprintf("train.max_skipped_updates=%d", c.max))
 			var logBuf bytes.Buffer
-			err := trainer.Train(context.Background(), cfg, trainer.Options{RunDir: run, Log: slog.New(slog.NewTextHandler(&logBuf, nil))})
+			err := trainer.Train(context.Background(), cfg.Training(), trainer.Options{RunDir: run, Log: slog.New(slog.NewTextHandler(&logBuf, nil))})
 			if c.errStep == "" {
 				if err != nil {
 					t.Fatalf("train.max_skipped_updates = 0 must never stop the run: %v", err)
@@ -522,7 +522,7 @@ func TestDecodeThreads(t *testing.T) {
 	ck := microCheckpoint(t)
 	cfg := testConfig(t, ck, "sft.steps=0", "train.steps=2", "train.validate_every=1", "policy.decode_threads=1")
 	run := filepath.Join(t.TempDir(), "run")
-	if err := trainer.Train(context.Background(), cfg, trainer.Options{RunDir: run}); err != nil {
+	if err := trainer.Train(context.Background(), cfg.Training(), trainer.Options{RunDir: run}); err != nil {
 		t.Fatal(err)
 	}
 	if got, err := torchbridge.Threads(); err != nil || got != 2 {
@@ -543,7 +543,7 @@ func TestDecodeThreads(t *testing.T) {
 	}
 	more := cfg
 	more.Train.Steps, more.Policy.DecodeThreads = 3, 0
-	err = trainer.Train(context.Background(), more, trainer.Options{RunDir: run, Resume: true})
+	err = trainer.Train(context.Background(), more.Training(), trainer.Options{RunDir: run, Resume: true})
 	if err == nil || !strings.Contains(err.Error(), "policy.decode_threads") {
 		t.Errorf("resume with another policy.decode_threads: %v, want an error naming the key", err)
 	}
@@ -565,7 +565,7 @@ func TestRolloutWorkers(t *testing.T) {
 		cfg := testConfig(t, ck, "train.steps=3", "train.checkpoint_every=3", "train.group_size=3", "train.model_subsets=1",
 			"policy.decode_threads=1", fmt.Sprintf("policy.rollout_workers=%d", w))
 		before := torchbridge.ParallelCalls()
-		if err := trainer.Train(context.Background(), cfg, trainer.Options{RunDir: runs[w]}); err != nil {
+		if err := trainer.Train(context.Background(), cfg.Training(), trainer.Options{RunDir: runs[w]}); err != nil {
 			t.Fatal(err)
 		}
 		if split := torchbridge.ParallelCalls() - before; (split > 0) != (w > 1) {
@@ -576,7 +576,7 @@ func TestRolloutWorkers(t *testing.T) {
 	compareRuns(t, runs[1], runs[3], match{exactUpTo: 3, weights: map[string]float64{"last": 0}})
 	more := testConfig(t, ck, "train.steps=4", "train.checkpoint_every=3", "train.group_size=3", "train.model_subsets=1",
 		"policy.decode_threads=1", "policy.rollout_workers=1")
-	if err := trainer.Train(context.Background(), more, trainer.Options{RunDir: runs[2], Resume: true}); err != nil {
+	if err := trainer.Train(context.Background(), more.Training(), trainer.Options{RunDir: runs[2], Resume: true}); err != nil {
 		t.Errorf("resume with another policy.rollout_workers: %v", err)
 	}
 }

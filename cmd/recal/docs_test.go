@@ -17,7 +17,6 @@ import (
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/internal/docgen"
 	"github.com/recal-project/recal/llmpool"
-	"github.com/recal-project/recal/trainer"
 )
 
 var updateDocs = flag.Bool("update", false, "rewrite docs/config.md, docs/cli.md and docs/outputs.md from the code (TestDocs)")
@@ -105,7 +104,7 @@ func configReference() ([]byte, error) {
 			{Label: "recal.toml", About: "the offline default that `make train` runs (a tiny policy on a CPU, a simulated pool); keys the file leaves out at their defaults.", Value: offline},
 			{Label: "paper", About: "`configs/qwen2.5-3b-nim.toml`, the ReCal paper's setting (Qwen2.5-3B-Instruct on a GPU, a pool of six models on NVIDIA NIM); keys the file leaves out at their defaults.", Value: paper},
 		},
-		Resumable:  trainer.OperationalKey,
+		Resumable:  config.OperationalKey,
 		Regenerate: regenerateDocs,
 	}.Markdown()
 }
@@ -170,9 +169,9 @@ func outputsReference() docgen.OutputsPage {
 var outputNotes = map[string]string{
 	"trainer.configChangeEvent.From":    "the checkpoint the resume continued from (step-N)",
 	"trainer.configChangeEvent.Changes": "the keys that changed",
-	"trainer.ConfigChange.Key":          "the dotted configuration key",
-	"trainer.ConfigChange.Old":          "its value before the resume",
-	"trainer.ConfigChange.New":          "its value from this step on",
+	"config.Change.Key":                 "the dotted configuration key",
+	"config.Change.Old":                 "its value before the resume",
+	"config.Change.New":                 "its value from this step on",
 
 	"trainer.SFTLine.Stage": `"sft" (the warm-up of recal train) or "sft-direct" (recal train-sft-direct)`,
 	"trainer.SFTLine.Step":  "the supervised step, from 1",
@@ -402,7 +401,7 @@ func TestDocsMethodDefaults(t *testing.T) {
 	keys := flatKeys(columns[1].tree, "")
 	sort.Strings(keys)
 	for _, k := range keys {
-		if !strings.HasPrefix(k, "train.") && !strings.HasPrefix(k, "calibration.") || trainer.OperationalKey(k) {
+		if !strings.HasPrefix(k, "train.") && !strings.HasPrefix(k, "calibration.") || config.OperationalKey(k) {
 			continue
 		}
 		def, _ := lookupKey(columns[0].tree, k)

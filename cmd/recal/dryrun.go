@@ -8,10 +8,10 @@ import (
 	"slices"
 	"strings"
 
+	pf "github.com/recal-project/recal/cmd/recal/internal/preflight"
 	"github.com/recal-project/recal/config"
 	"github.com/recal-project/recal/eval"
 	"github.com/recal-project/recal/internal/hfmodel"
-	pf "github.com/recal-project/recal/internal/preflight"
 	"github.com/recal-project/recal/llmpool"
 	"github.com/recal-project/recal/torchbridge"
 )

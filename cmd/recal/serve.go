@@ -11,8 +11,8 @@ import (
 
 	"github.com/urfave/cli/v3"
 
+	pf "github.com/recal-project/recal/cmd/recal/internal/preflight"
 	"github.com/recal-project/recal/config"
-	pf "github.com/recal-project/recal/internal/preflight"
 	"github.com/recal-project/recal/internal/rollout"
 	"github.com/recal-project/recal/serve"
 	"github.com/recal-project/recal/torchbridge"

@@ -12,8 +12,8 @@ import (
 
 	"github.com/urfave/cli/v3"
 
+	"github.com/recal-project/recal/cmd/recal/internal/preflight"
 	"github.com/recal-project/recal/config"
-	"github.com/recal-project/recal/internal/preflight"
 	"github.com/recal-project/recal/internal/procgroup"
 	"github.com/recal-project/recal/torchbridge"
 	"github.com/recal-project/recal/trainer"
@@ -113,7 +113,7 @@ func trainCommand() *cli.Command {
 				defer group.Close()
 			}
 			start := time.Now()
-			err = trainer.Train(ctx, cfg, trainer.Options{RunDir: runDir, Resume: cmd.Bool("resume"),
+			err = trainer.Train(ctx, cfg.Training(), trainer.Options{RunDir: runDir, Resume: cmd.Bool("resume"),
 				AllowConfigChange: cmd.Bool("allow-config-change"), Log: slog.Default(), Group: group, Device: device})
 			if errors.Is(err, trainer.ErrInterrupted) {
 				return exitError{code: 130, err: err}

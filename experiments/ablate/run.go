@@ -167,7 +167,7 @@ func Run(ctx context.Context, cfg config.Config, o Options) (Report, error) {
 func warmup(ctx context.Context, wc config.Config, dir string, log *slog.Logger) (bool, error) {
 	if exists(filepath.Join(dir, "checkpoints", "last")) {
 		// With no GRPO step the only checkpoint is the warm-up's.
-		if err := trainer.TrainedAs(dir, wc); err != nil {
+		if err := trainer.TrainedAs(dir, wc.Training()); err != nil {
 			return false, fmt.Errorf("ablate: %w", err)
 		}
 		return false, nil
@@ -175,7 +175,7 @@ func warmup(ctx context.Context, wc config.Config, dir string, log *slog.Logger)
 	log.Info("ablation: supervised warm-up", "seed", wc.Train.Seed, "steps", wc.SFT.Steps, "run_dir", dir)
 	// Resume also when no checkpoint exists yet: a warm-up stopped midway
 	// starts again instead of being refused.
-	if err := trainer.Train(ctx, wc, trainer.Options{RunDir: dir, Resume: true, Log: log}); err != nil {
+	if err := trainer.Train(ctx, wc.Training(), trainer.Options{RunDir: dir, Resume: true, Log: log}); err != nil {
 		return true, err
 	}
 	if !exists(filepath.Join(dir, "checkpoints", "sft", "trainer_state.json")) {
@@ -190,7 +190,7 @@ func warmup(ctx context.Context, wc config.Config, dir string, log *slog.Logger)
 // run. It reports whether it trained.
 func trainVariant(ctx context.Context, vc config.Config, dir, warm string, log *slog.Logger) (bool, error) {
 	if exists(filepath.Join(dir, "checkpoints", "last")) {
-		if err := trainer.TrainedAs(dir, vc); err != nil {
+		if err := trainer.TrainedAs(dir, vc.Training()); err != nil {
 			return false, fmt.Errorf("ablate: %w", err)
 		}
 		done, err := trainer.Finished(dir, vc.Train.Steps)
@@ -205,7 +205,7 @@ func trainVariant(ctx context.Context, vc config.Config, dir, warm string, log *
 			return false, err
 		}
 	}
-	return true, trainer.Train(ctx, vc, trainer.Options{RunDir: dir, Resume: true, Log: log})
+	return true, trainer.Train(ctx, vc.Training(), trainer.Options{RunDir: dir, Resume: true, Log: log})
 }
 
 // references computes the study's reference rows (eval.References: the

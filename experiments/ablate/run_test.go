@@ -110,18 +110,18 @@ func TestAblateSharedWarmupEqualsCombinedRun(t *testing.T) {
 			edit(&vc.Calibration)
 			root := t.TempDir()
 			combined := filepath.Join(root, "combined")
-			if err := trainer.Train(ctx, vc, trainer.Options{RunDir: combined, Log: quietLog()}); err != nil {
+			if err := trainer.Train(ctx, vc.Training(), trainer.Options{RunDir: combined, Log: quietLog()}); err != nil {
 				t.Fatal(err)
 			}
 			warm, split := filepath.Join(root, "warmup"), filepath.Join(root, "split")
-			if err := trainer.Train(ctx, WarmupConfig(vc), trainer.Options{RunDir: warm, Log: quietLog()}); err != nil {
+			if err := trainer.Train(ctx, WarmupConfig(vc).Training(), trainer.Options{RunDir: warm, Log: quietLog()}); err != nil {
 				t.Fatal(err)
 			}
 			before := testenv.Mtimes(t, warm)
 			if err := Seed(split, warm, vc); err != nil {
 				t.Fatal(err)
 			}
-			if err := trainer.Train(ctx, vc, trainer.Options{RunDir: split, Resume: true, Log: quietLog()}); err != nil {
+			if err := trainer.Train(ctx, vc.Training(), trainer.Options{RunDir: split, Resume: true, Log: quietLog()}); err != nil {
 				t.Fatal(err)
 			}
 			for _, f := range []string{"model.safetensors", "optimizer.safetensors", "trainer_state.json"} {

@@ -223,7 +223,7 @@ func Train(ctx context.Context, cfg config.Config, opt Options) error {
 		return Demos(eng, cfg.Router, qs, float32(cfg.SFT.AnswerWeight))
 	}
 	record := func(l trainer.SFTLine) error { lines = append(lines, l); return nil }
-	if err := trainer.FitDemos(ctx, fit, eng.Policy, train, "sft-direct", build, record, log); err != nil {
+	if err := trainer.FitDemos(ctx, fit.Training(), eng.Policy, train, "sft-direct", build, record, log); err != nil {
 		return err
 	}
 	// The folder is written whole under a hidden name, then renamed over

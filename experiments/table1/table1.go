@@ -442,7 +442,7 @@ func routerR1(ctx context.Context, cfg config.Config, dir, recalRun string, o Op
 		if was, err := os.ReadFile(stamp); err != nil || string(was) != startID {
 			return false, fmt.Errorf("table1: router-r1: %s was trained from other starting weights than %s; remove it to train it again", dir, rc.Policy.Checkpoint)
 		}
-		if err := trainer.TrainedAs(dir, rc); err != nil {
+		if err := trainer.TrainedAs(dir, rc.Training()); err != nil {
 			return false, fmt.Errorf("table1: router-r1: %w", err)
 		}
 		done, err := trainer.Finished(dir, rc.Train.Steps)
@@ -462,24 +462,28 @@ func routerR1(ctx context.Context, cfg config.Config, dir, recalRun string, o Op
 	}
 	// Resume also when no checkpoint exists yet: a run stopped before its
 	// first checkpoint starts again instead of being refused.
-	return true, trainer.Train(ctx, rc, trainer.Options{RunDir: dir, Resume: true, Log: o.Log})
+	return true, trainer.Train(ctx, rc.Training(), trainer.Options{RunDir: dir, Resume: true, Log: o.Log})
 }
 
 // routerR1Steps is the Router-R1 row's PPO step count: o.R1Steps, else the
 // ReCal row's budget, train.steps of the configuration its run last trained
-// with (trainer.RunConfig), else, for a checkpoint outside a run, train.steps
+// with (trainer.RunConfigFile), else, for a checkpoint outside a run, train.steps
 // of cfg.
 func routerR1Steps(cfg config.Config, recalRun string, o Options) (int, error) {
 	if o.R1Steps > 0 {
 		return o.R1Steps, nil
 	}
-	rc, path, err := trainer.RunConfig(recalRun)
+	path, err := trainer.RunConfigFile(recalRun)
 	if err != nil {
 		return 0, fmt.Errorf("table1: router-r1: the ReCal run's step count: %w", err)
 	}
 	if path == "" {
 		o.Log.Info("table1: Router-R1 trains train.steps of the configuration: the ReCal checkpoint's run has no config.toml", "steps", cfg.Train.Steps)
 		return cfg.Train.Steps, nil
+	}
+	rc, err := config.ReadRunFile(path)
+	if err != nil {
+		return 0, fmt.Errorf("table1: router-r1: the ReCal run's step count: %w", err)
 	}
 	if rc.Train.Steps < 1 {
 		return 0, fmt.Errorf("table1: router-r1: the ReCal run's %s has train.steps = %d, no RL step to match; pass --r1-steps", path, rc.Train.Steps)

@@ -48,7 +48,7 @@ func TestTable1TrainsOnceAndReuses(t *testing.T) {
 	ctx := context.Background()
 	run := filepath.Join(t.TempDir(), "recal")
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	if err := trainer.Train(ctx, cfg, trainer.Options{RunDir: run, Log: quiet}); err != nil {
+	if err := trainer.Train(ctx, cfg.Training(), trainer.Options{RunDir: run, Log: quiet}); err != nil {
 		t.Fatal(err)
 	}
 	// The micro policy's one step logs no well-formed call to route by: the

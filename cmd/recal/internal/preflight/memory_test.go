@@ -179,12 +179,12 @@ var remedyRE = regexp.MustCompile(`it fits with (.*)$`)
 // settings it names and the plan with them. docs/memory.md quotes
 // testdata/qwen2.5-3b.txt; -update rewrites it.
 func TestPaperSettingPlans(t *testing.T) {
-	const path = "../../configs/qwen2.5-3b-nim.toml"
+	const path = "../../../../configs/qwen2.5-3b-nim.toml"
 	cfg, err := config.Load(path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tok, err := tokenizer.Load("../../tokenizer/qwen2.5")
+	tok, err := tokenizer.Load("../../../../tokenizer/qwen2.5")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,7 +249,7 @@ func TestPaperSettingPlans(t *testing.T) {
 	}
 	want, err := os.ReadFile(golden)
 	if err != nil {
-		t.Fatalf("%v (go test ./internal/preflight -run TestPaperSettingPlans -update writes it)", err)
+		t.Fatalf("%v (go test ./cmd/recal/internal/preflight -run TestPaperSettingPlans -update writes it)", err)
 	}
 	if string(want) != out.String() {
 		t.Errorf("the plans changed; if that is meant, rewrite %s (and docs/memory.md) with -update:\n%s", golden, out.String())

@@ -136,7 +136,7 @@ func TestPoolKeyHostile(t *testing.T) {
 		c := New("collect")
 		pc := llmpool.Config{Models: []llmpool.ModelConfig{{Name: "m", Provider: "openai",
 			OpenAI: &llmpool.OpenAIConfig{Model: "x", BaseURL: "http://127.0.0.1:1", APIKeyEnv: "RECAL_TEST_KEY"}}}, Cache: llmpool.CacheOff}
-		c.Pool(pc, router.Config{PromptTemplate: "../../router/prompt.tmpl", MaxTurns: 4})
+		c.Pool(pc, router.Config{PromptTemplate: "../../../../router/prompt.tmpl", MaxTurns: 4})
 		if got := strings.Join(c.Problems(), "\n"); !strings.Contains(got, tc.want) {
 			t.Errorf("key %q: problems %q, want one containing %q", tc.value, got, tc.want)
 		}

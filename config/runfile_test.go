@@ -1,4 +1,4 @@
-package trainer
+package config
 
 import (
 	"fmt"
@@ -7,18 +7,16 @@ import (
 	"slices"
 	"strings"
 	"testing"
-
-	"github.com/recal-project/recal/config"
 )
 
-// configChanges names each training key that differs, pool models by name,
+// ChangesFrom names each training key that differs, pool models by name,
 // with both values, and lets the operational keys through.
 func TestConfigChanges(t *testing.T) {
-	load := func(t *testing.T, sets ...string) config.Config {
+	load := func(t *testing.T, sets ...string) Config {
 		t.Helper()
 		// From the paper's constant schedule (the offline default decays).
 		base := []string{"train.lr_schedule=constant", "train.warmup_steps=0", "train.min_lr_ratio=0"}
-		cfg, err := config.Load("../recal.toml", append(base, sets...))
+		cfg, err := Load("../recal.toml", append(base, sets...))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -32,19 +30,19 @@ func TestConfigChanges(t *testing.T) {
 	cases := []struct {
 		name string
 		sets []string
-		edit func(c *config.Config)
+		edit func(c *Config)
 		want string   // the changes as key=old>new, sorted by key
 		has  []string // instead of want: changes that must be among them
 	}{
 		{"same configuration", nil, nil, "", nil},
 		{"operational keys only", []string{"policy.threads=3", "train.steps=999", "train.log_every=1", "train.micro_batch=2",
 			"eval.batch=3", "data.test_per_dataset=7", "pool.cache=read-write", "pool.max_concurrency=5"}, nil, "", nil},
-		{"a simulated model's latency", nil, func(c *config.Config) { c.Pool.Models[1].Sim.Latency *= 9 }, "", nil},
+		{"a simulated model's latency", nil, func(c *Config) { c.Pool.Models[1].Sim.Latency *= 9 }, "", nil},
 		{"training keys", []string{"calibration.tau_min=0.7", "train.lr=1e-3", "sft.steps=5", "policy.dtype=bfloat16"}, nil,
 			`calibration.tau_min=0.8>0.7 policy.dtype="float32">"bfloat16" sft.steps=600>5 train.lr=0.0003>0.001`, nil},
-		{"a simulated model's accuracy", nil, func(c *config.Config) { c.Pool.Models[2].Sim.DefaultAccuracy = 0.5 },
+		{"a simulated model's accuracy", nil, func(c *Config) { c.Pool.Models[2].Sim.DefaultAccuracy = 0.5 },
 			"pool.models[sim-small].sim.default_accuracy=0.05>0.5", nil},
-		{"the order of the models (the policy sees them in it)", nil, func(c *config.Config) {
+		{"the order of the models (the policy sees them in it)", nil, func(c *Config) {
 			c.Pool.Models[0], c.Pool.Models[1] = c.Pool.Models[1], c.Pool.Models[0]
 		}, `pool.models=["sim-factoid","sim-multihop","sim-small"]>["sim-multihop","sim-factoid","sim-small"]`, nil},
 		{"the learning-rate schedule and keep_best are training keys", []string{"train.lr_schedule=cosine", "train.warmup_steps=5",
@@ -53,7 +51,7 @@ func TestConfigChanges(t *testing.T) {
 		{"train.model_subsets is a training key (the prompts change)", []string{"train.model_subsets=0.5"}, nil, "train.model_subsets=1>0.5", nil},
 		{"train.steps with a decaying schedule (it spans the steps)", []string{"train.lr_schedule=linear", "train.steps=400"}, nil, "",
 			[]string{`train.lr_schedule="constant">"linear"`, "train.steps=300>400"}},
-		{"a model removed", nil, func(c *config.Config) { c.Pool.Models = c.Pool.Models[:2] }, "",
+		{"a model removed", nil, func(c *Config) { c.Pool.Models = c.Pool.Models[:2] }, "",
 			[]string{`pool.models[sim-small].name="sim-small">null`, `pool.models[sim-small].sim.default_accuracy=0.05>null`, `pool.models=["sim-factoid","sim-multihop","sim-small"]>["sim-factoid","sim-multihop"]`}},
 	}
 	for _, c := range cases {
@@ -62,7 +60,7 @@ func TestConfigChanges(t *testing.T) {
 			if c.edit != nil {
 				c.edit(&cfg)
 			}
-			changes, err := configChanges(path, cfg)
+			changes, err := cfg.ChangesFrom(path)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -91,11 +89,11 @@ func TestConfigChanges(t *testing.T) {
 // may. A run folder written before the schedule keys existed resumes under
 // their defaults, which are its behaviour.
 func TestConfigChangesSchedule(t *testing.T) {
-	load := func(t *testing.T, sets ...string) config.Config {
+	load := func(t *testing.T, sets ...string) Config {
 		t.Helper()
 		// From the paper's constant schedule (the offline default decays).
 		base := []string{"train.lr_schedule=constant", "train.warmup_steps=0", "train.min_lr_ratio=0"}
-		cfg, err := config.Load("../recal.toml", append(base, sets...))
+		cfg, err := Load("../recal.toml", append(base, sets...))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -136,7 +134,7 @@ func TestConfigChangesSchedule(t *testing.T) {
 				}
 				os.WriteFile(path, []byte(strings.Join(kept, "\n")), 0o644)
 			}
-			changes, err := configChanges(path, load(t, c.now...))
+			changes, err := load(t, c.now...).ChangesFrom(path)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -156,9 +154,9 @@ func TestConfigChangesSchedule(t *testing.T) {
 // with the new key's default, so that a run trained with β = 0.1 is not
 // taken for one trained with Router-R1's 0.001.
 func TestConfigChangesPPOKLBeforeItsKey(t *testing.T) {
-	load := func(t *testing.T, sets ...string) config.Config {
+	load := func(t *testing.T, sets ...string) Config {
 		t.Helper()
-		cfg, err := config.Load("../recal.toml", append([]string{"train.kl_coef=0.1"}, sets...))
+		cfg, err := Load("../recal.toml", append([]string{"train.kl_coef=0.1"}, sets...))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -208,7 +206,7 @@ func TestConfigChangesPPOKLBeforeItsKey(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			changes, err := configChanges(path, load(t, c.now...))
+			changes, err := load(t, c.now...).ChangesFrom(path)
 			if err != nil {
 				t.Fatal(err)
 			}
