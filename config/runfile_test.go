@@ -9,21 +9,23 @@ import (
 	"testing"
 )
 
+// loadConstant loads recal.toml with sets, from the paper's constant
+// learning-rate schedule (the offline default decays).
+func loadConstant(t *testing.T, sets ...string) Config {
+	t.Helper()
+	base := []string{"train.lr_schedule=constant", "train.warmup_steps=0", "train.min_lr_ratio=0"}
+	cfg, err := Load("../recal.toml", append(base, sets...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
 // ChangesFrom names each training key that differs, pool models by name,
 // with both values, and lets the operational keys through.
 func TestConfigChanges(t *testing.T) {
-	load := func(t *testing.T, sets ...string) Config {
-		t.Helper()
-		// From the paper's constant schedule (the offline default decays).
-		base := []string{"train.lr_schedule=constant", "train.warmup_steps=0", "train.min_lr_ratio=0"}
-		cfg, err := Load("../recal.toml", append(base, sets...))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return cfg
-	}
 	path := filepath.Join(t.TempDir(), "config.toml")
-	run := load(t)
+	run := loadConstant(t)
 	if err := run.Write(path); err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +58,7 @@ func TestConfigChanges(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			cfg := load(t, c.sets...)
+			cfg := loadConstant(t, c.sets...)
 			if c.edit != nil {
 				c.edit(&cfg)
 			}
@@ -89,16 +91,6 @@ func TestConfigChanges(t *testing.T) {
 // may. A run folder written before the schedule keys existed resumes under
 // their defaults, which are its behaviour.
 func TestConfigChangesSchedule(t *testing.T) {
-	load := func(t *testing.T, sets ...string) Config {
-		t.Helper()
-		// From the paper's constant schedule (the offline default decays).
-		base := []string{"train.lr_schedule=constant", "train.warmup_steps=0", "train.min_lr_ratio=0"}
-		cfg, err := Load("../recal.toml", append(base, sets...))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return cfg
-	}
 	cases := []struct {
 		name      string
 		run, now  []string
@@ -116,7 +108,7 @@ func TestConfigChangesSchedule(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "config.toml")
-			run := load(t, c.run...)
+			run := loadConstant(t, c.run...)
 			if err := run.Write(path); err != nil {
 				t.Fatal(err)
 			}
@@ -134,7 +126,7 @@ func TestConfigChangesSchedule(t *testing.T) {
 				}
 				os.WriteFile(path, []byte(strings.Join(kept, "\n")), 0o644)
 			}
-			changes, err := load(t, c.now...).ChangesFrom(path)
+			changes, err := loadConstant(t, c.now...).ChangesFrom(path)
 			if err != nil {
 				t.Fatal(err)
 			}
