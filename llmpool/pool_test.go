@@ -419,3 +419,16 @@ func TestSimLatencyHoldsAPoolSlot(t *testing.T) {
 		t.Errorf("6 sim calls of 50ms with max_concurrency 2 took %v, want >= ~150ms (3 rounds)", el)
 	}
 }
+
+// TestUsageTotalOrder: Total adds the models in the order of their names, so
+// the same usage always gives the same float sum. These costs sum to 0 in
+// name order (1e16 + 1 rounds to 1e16) and to 1 when -1e16 comes second,
+// which the random order of a map's range would give in some of the tries.
+func TestUsageTotalOrder(t *testing.T) {
+	m := UsageMap{"a": {Cost: 1e16}, "b": {Cost: 1}, "c": {Cost: -1e16}}
+	for i := range 200 {
+		if got := m.Total().Cost; got != 0 {
+			t.Fatalf("try %d: Total().Cost = %g, want 0 (a + b + c, in name order)", i, got)
+		}
+	}
+}

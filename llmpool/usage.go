@@ -1,6 +1,8 @@
 package llmpool
 
 import (
+	"maps"
+	"slices"
 	"sync"
 	"time"
 )
@@ -66,11 +68,12 @@ func (m UsageMap) Sub(before UsageMap) UsageMap {
 	return out
 }
 
-// Total returns the sum over all models.
+// Total returns the sum over all models, added in the order of their
+// names: the same usage gives the same float sums, bit for bit.
 func (m UsageMap) Total() Usage {
 	var t Usage
-	for _, u := range m {
-		t = t.Add(u)
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		t = t.Add(m[k])
 	}
 	return t
 }
