@@ -163,22 +163,32 @@ provider = "openai"
 }
 
 // A configuration that is not a regular file (a FIFO no one writes, an
-// endless device) is refused at once, naming it.
+// endless device) is refused at once, naming it: by Load, and by
+// ReadRunFile, which reads a run folder's config.toml on --resume.
 func TestLoadHostileFiles(t *testing.T) {
 	fifo := filepath.Join(t.TempDir(), "recal.toml")
 	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	for _, path := range []string{fifo, "/dev/urandom"} {
-		done := make(chan error, 1)
-		go func() { _, err := Load(path, nil); done <- err }()
-		select {
-		case err := <-done:
-			if err == nil || !strings.Contains(err.Error(), "config: open "+path) || !strings.Contains(err.Error(), "not a regular file") {
-				t.Errorf("Load(%s): error %v, want one naming it as not a regular file", path, err)
+	readers := []struct {
+		name string
+		read func(path string) error
+	}{
+		{"Load", func(path string) error { _, err := Load(path, nil); return err }},
+		{"ReadRunFile", func(path string) error { _, err := ReadRunFile(path); return err }},
+	}
+	for _, r := range readers {
+		for _, path := range []string{fifo, "/dev/urandom"} {
+			done := make(chan error, 1)
+			go func() { done <- r.read(path) }()
+			select {
+			case err := <-done:
+				if err == nil || !strings.Contains(err.Error(), "config: open "+path) || !strings.Contains(err.Error(), "not a regular file") {
+					t.Errorf("%s(%s): error %v, want one naming it as not a regular file", r.name, path, err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatalf("%s(%s) still running after 5 s; want an error at once", r.name, path)
 			}
-		case <-time.After(5 * time.Second):
-			t.Fatalf("Load(%s) still running after 5 s; want an error at once", path)
 		}
 	}
 }

@@ -4,12 +4,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/recal-project/recal/internal/inputfile"
 )
 
 // A training run keeps its configuration in its folder (config.toml, and
@@ -26,7 +27,7 @@ import (
 // other key ([train], [sft], [calibration], [router], the training data,
 // the pool's models and their behaviour, policy.checkpoint and policy.dtype)
 // must match the run's unless the resume allows a change (see
-// Options.AllowChange).
+// trainer.Options.AllowConfigChange).
 var OperationalKeys = []string{
 	"policy.device", "policy.threads", "policy.rollout_workers",
 	"policy.gradient_checkpointing", // memory: the same gradients, recomputed
@@ -59,7 +60,7 @@ type Change struct {
 // had, with one exception: a PPO run written before ppo.kl_coef existed
 // weighed its in-reward KL by train.kl_coef, so its ppo.kl_coef is that.
 func ReadRunFile(path string) (Config, error) {
-	text, err := os.ReadFile(path)
+	text, err := inputfile.ReadFile(path, inputfile.ConfigLimit) // as Load reads one
 	if err != nil {
 		return Config{}, fmt.Errorf("config: %w", err)
 	}
