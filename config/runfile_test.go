@@ -21,14 +21,48 @@ func loadConstant(t *testing.T, sets ...string) Config {
 	return cfg
 }
 
+// writeRunFile writes cfg as a run folder's config.toml in a new folder
+// and returns its path. The dotted keys of drop ("train.keep_best") are
+// left out, as in a run folder written before those keys existed.
+func writeRunFile(t *testing.T, cfg Config, drop ...string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "config.toml")
+	if err := cfg.Write(path); err != nil {
+		t.Fatal(err)
+	}
+	if len(drop) == 0 {
+		return path
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(string(b), "\n")
+	var kept []string
+	table := ""
+	for _, line := range lines {
+		l := strings.TrimSpace(line)
+		if strings.HasPrefix(l, "[") {
+			table = strings.Trim(l, "[]")
+		}
+		if key, _, _ := strings.Cut(l, " ="); slices.Contains(drop, table+"."+key) {
+			continue
+		}
+		kept = append(kept, line)
+	}
+	if len(kept) != len(lines)-len(drop) {
+		t.Fatalf("dropped %d lines, want one for each of %v", len(lines)-len(kept), drop)
+	}
+	if err := os.WriteFile(path, []byte(strings.Join(kept, "\n")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 // ChangesFrom names each training key that differs, pool models by name,
 // with both values, and lets the operational keys through.
 func TestConfigChanges(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "config.toml")
-	run := loadConstant(t)
-	if err := run.Write(path); err != nil {
-		t.Fatal(err)
-	}
+	path := writeRunFile(t, loadConstant(t))
 	cases := []struct {
 		name string
 		sets []string
@@ -107,25 +141,11 @@ func TestConfigChangesSchedule(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			path := filepath.Join(t.TempDir(), "config.toml")
-			run := loadConstant(t, c.run...)
-			if err := run.Write(path); err != nil {
-				t.Fatal(err)
-			}
+			var drop []string
 			if c.dropKeys {
-				b, _ := os.ReadFile(path)
-				var kept []string
-				for _, line := range strings.Split(string(b), "\n") {
-					key, _, _ := strings.Cut(strings.TrimSpace(line), " =")
-					if !slices.Contains([]string{"lr_schedule", "warmup_steps", "min_lr_ratio", "keep_best"}, key) {
-						kept = append(kept, line)
-					}
-				}
-				if len(kept) != len(strings.Split(string(b), "\n"))-4 {
-					t.Fatalf("dropped %d lines, want the 4 keys' lines", len(strings.Split(string(b), "\n"))-len(kept))
-				}
-				os.WriteFile(path, []byte(strings.Join(kept, "\n")), 0o644)
+				drop = []string{"train.lr_schedule", "train.warmup_steps", "train.min_lr_ratio", "train.keep_best"}
 			}
+			path := writeRunFile(t, loadConstant(t, c.run...), drop...)
 			changes, err := loadConstant(t, c.now...).ChangesFrom(path)
 			if err != nil {
 				t.Fatal(err)
@@ -168,36 +188,11 @@ func TestConfigChangesPPOKLBeforeItsKey(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			path := filepath.Join(t.TempDir(), "config.toml")
-			run := load(t, c.run...)
-			if err := run.Write(path); err != nil {
-				t.Fatal(err)
-			}
+			var drop []string
 			if c.dropKey {
-				b, err := os.ReadFile(path)
-				if err != nil {
-					t.Fatal(err)
-				}
-				lines := strings.Split(string(b), "\n")
-				var kept []string
-				table := ""
-				for _, line := range lines {
-					l := strings.TrimSpace(line)
-					if strings.HasPrefix(l, "[") {
-						table = l
-					}
-					if key, _, _ := strings.Cut(l, " ="); table == "[ppo]" && key == "kl_coef" {
-						continue
-					}
-					kept = append(kept, line)
-				}
-				if len(kept) != len(lines)-1 {
-					t.Fatalf("dropped %d lines, want [ppo]'s kl_coef alone", len(lines)-len(kept))
-				}
-				if err := os.WriteFile(path, []byte(strings.Join(kept, "\n")), 0o644); err != nil {
-					t.Fatal(err)
-				}
+				drop = []string{"ppo.kl_coef"}
 			}
+			path := writeRunFile(t, load(t, c.run...), drop...)
 			changes, err := load(t, c.now...).ChangesFrom(path)
 			if err != nil {
 				t.Fatal(err)
